@@ -1,0 +1,223 @@
+/*
+ * sinkattn: fused scaled-dot-product attention with softmax sinks -- C ABI.
+ *
+ * The math is defined in SPEC.md (shared contract). Section numbers below refer to it:
+ *   1 inputs and shapes, 2 forward (masks, dropout), 3 backward, 4 workspace/errors/backends,
+ *   5 accuracy, 6 call capture files.
+ *
+ * Usage (forward):
+ *   sinkattn_params_t p;
+ *   sinkattn_params_init(&p);
+ *   p.q = ...; p.k = ...; p.v = ...; p.out = ...; p.softmax_lse = ...;
+ *   size_t ws; sinkattn_forward_workspace_size(&p, &ws);
+ *   p.workspace = alloc(ws); p.workspace_bytes = ws;
+ *   if (sinkattn_forward(&p) != SINKATTN_OK) fprintf(stderr, "%s\n", sinkattn_last_error());
+ *
+ * Every entry point validates the whole parameter struct first (SPEC.md section 4) and writes nothing to
+ * any output when validation fails. Errors are returned as a status; the message (naming the argument and
+ * the rule broken) is available from sinkattn_last_error() on the calling thread.
+ */
+#ifndef SINKATTN_SINKATTN_H_
+#define SINKATTN_SINKATTN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SINKATTN_API __declspec(dllexport)
+#else
+#define SINKATTN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SINKATTN_VERSION_MAJOR 0
+#define SINKATTN_VERSION_MINOR 1
+#define SINKATTN_VERSION_PATCH 0
+
+/* Element types. SINKATTN_I32 is for the sequence-length tensors, SINKATTN_I64 for rng tensors
+ * (the bits of uint64 values). */
+typedef enum {
+  SINKATTN_F32 = 0,
+  SINKATTN_F16 = 1,
+  SINKATTN_BF16 = 2,
+  SINKATTN_I32 = 3,
+  SINKATTN_I64 = 4,
+} sinkattn_dtype_t;
+
+/* SPEC.md section 2: the value of the sink logit sigma.
+ *   VANILLA:    sigma = -inf (plain softmax)
+ *   OFF_BY_ONE: sigma = 0, no gradient
+ *   LEARNABLE:  sigma = sinks[h] (fp32 [h_q]), gradient d_sinks */
+typedef enum {
+  SINKATTN_SOFTMAX_VANILLA = 0,
+  SINKATTN_SOFTMAX_OFF_BY_ONE = 1,
+  SINKATTN_SOFTMAX_LEARNABLE = 2,
+} sinkattn_softmax_type_t;
+
+/* SPEC.md section 2, masks: off = s_kv_n - s_q_n (BOTTOM_RIGHT, FlashAttention's convention) or 0
+ * (TOP_LEFT, TransformerEngine's CAUSAL). */
+typedef enum {
+  SINKATTN_ALIGN_BOTTOM_RIGHT = 0,
+  SINKATTN_ALIGN_TOP_LEFT = 1,
+} sinkattn_mask_alignment_t;
+
+typedef enum {
+  SINKATTN_BACKEND_AUTO = 0,
+  SINKATTN_BACKEND_CPU = 1,
+  SINKATTN_BACKEND_CUDA = 2,
+} sinkattn_backend_t;
+
+#define SINKATTN_NUM_BACKENDS 2 /* concrete backends: CPU, CUDA */
+
+typedef enum {
+  SINKATTN_OK = 0,
+  SINKATTN_ERR_INVALID_ARGUMENT = 1,  /* shape, dtype, stride, null pointer, option out of range */
+  SINKATTN_ERR_UNSUPPORTED = 2,       /* valid call that no (or not the requested) backend supports */
+  SINKATTN_ERR_WORKSPACE_TOO_SMALL = 3,
+  SINKATTN_ERR_DEVICE = 4,            /* a CUDA runtime error */
+  SINKATTN_ERR_INTERNAL = 5,
+} sinkattn_status_t;
+
+#define SINKATTN_MAX_RANK 4
+
+/* A strided view of a tensor. `rank == 0` means "absent" (optional tensors); a present tensor (rank > 0)
+ * must have non-NULL data except in the workspace-size queries.
+ * shape[i] and strides[i] (in elements, not bytes) for i < rank; the last dimension must have stride 1.
+ * Host or device memory: the backend is told by the dispatcher (device pointers go to CUDA). */
+typedef struct {
+  void* data;
+  sinkattn_dtype_t dtype;
+  int32_t rank;
+  int64_t shape[SINKATTN_MAX_RANK];
+  int64_t strides[SINKATTN_MAX_RANK];
+} sinkattn_tensor_t;
+
+/* One attention call, forward or backward (SPEC.md sections 1-4). Initialise with sinkattn_params_init().
+ *
+ * Layout (SPEC.md section 1). Dense: q [b, s_q, h_q, d], k [b, s_kv, h_kv, d], v [b, s_kv, h_kv, d_v],
+ * out [b, s_q, h_q, d_v], softmax_lse [b, h_q, s_q]. Varlen (cu_seqlens_q given): q [total_q, h_q, d],
+ * k [total_kv, h_kv, d], v [total_kv, h_kv, d_v], out [total_q, h_q, d_v], softmax_lse [h_q, total_q].
+ * Any strides are allowed (BSHD, SBHD, BHSD, packed QKV) as long as the last dimension is contiguous.
+ *
+ * Which tensors are read or written by forward and backward:
+ *   forward  reads  q, k, v, [sinks], [bias], [batch tensors], [rng_seed_offset]
+ *            writes out, softmax_lse, [rng_state]
+ *   backward reads  q, k, v, [sinks], [bias], out, softmax_lse, d_out, [d_lse], [batch tensors], [rng_state]
+ *            writes dq, dk, dv, [d_sinks] (learnable), [d_bias] (when bias is given)
+ * Tensors a pass does not use are ignored by it. */
+typedef struct {
+  /* ---- inputs ---- */
+  sinkattn_tensor_t q;      /* fp32 | fp16 | bf16 */
+  sinkattn_tensor_t k;      /* dtype of q */
+  sinkattn_tensor_t v;      /* dtype of q */
+  sinkattn_tensor_t sinks;  /* fp32 [h_q], natural-log units (not scaled). Required iff LEARNABLE. */
+  sinkattn_tensor_t bias;   /* optional post-scale bias, fp32 or dtype of q, [b|1, h_q|1, s_q, s_kv]; dense only */
+
+  /* ---- batch description (SPEC.md section 1); all int32, memory of q ---- */
+  sinkattn_tensor_t cu_seqlens_q;   /* varlen: [b+1], non-decreasing, cu_seqlens_q[0] == 0 */
+  sinkattn_tensor_t cu_seqlens_kv;  /* varlen: [b+1]; required together with cu_seqlens_q */
+  sinkattn_tensor_t seqused_kv;     /* varlen only, optional [b]: keys actually used per sequence */
+  sinkattn_tensor_t seqlens_q;      /* dense only, optional [b]: rows i >= seqlens_q[n] are padding */
+  sinkattn_tensor_t seqlens_kv;     /* dense only, optional [b]: keys j >= seqlens_kv[n] are masked */
+  int64_t max_seqlen_q;             /* varlen: upper bound of every sequence's query length (required) */
+  int64_t max_seqlen_kv;            /* varlen: upper bound of every sequence's key length (required) */
+
+  /* ---- forward outputs ---- */
+  sinkattn_tensor_t out;          /* dtype of q */
+  sinkattn_tensor_t softmax_lse;  /* fp32, natural log, includes the sink */
+
+  /* ---- backward inputs / outputs ---- */
+  sinkattn_tensor_t d_out;    /* dtype of q, shape of out */
+  sinkattn_tensor_t d_lse;    /* optional fp32, shape of softmax_lse */
+  sinkattn_tensor_t dq;       /* dtype of q, shape of q */
+  sinkattn_tensor_t dk;       /* dtype of q, shape of k */
+  sinkattn_tensor_t dv;       /* dtype of q, shape of v */
+  sinkattn_tensor_t d_sinks;  /* fp32 [h_q]; required iff LEARNABLE; written, never accumulated into */
+  sinkattn_tensor_t d_bias;   /* dtype and shape of bias; required iff bias is given */
+
+  /* ---- options ---- */
+  sinkattn_softmax_type_t softmax_type;       /* default VANILLA */
+  float softmax_scale;                        /* NaN (the default) means 1/sqrt(d) */
+  int64_t window_left;                        /* < 0: unbounded (default -1) */
+  int64_t window_right;                       /* < 0: unbounded (default -1); causal is 0 */
+  sinkattn_mask_alignment_t mask_alignment;   /* default BOTTOM_RIGHT */
+
+  /* Dropout (SPEC.md section 2). dropout_p in [0, 1). The forward takes seed/offset from
+   * rng_seed_offset (I64 [2], memory of q) when given, otherwise from the scalars `seed`, `offset`,
+   * and writes them to rng_state (I64 [2]) when given. The backward reads rng_state (required when
+   * dropout_p > 0). */
+  double dropout_p;
+  uint64_t seed;
+  uint64_t offset;
+  sinkattn_tensor_t rng_seed_offset;
+  sinkattn_tensor_t rng_state;
+
+  int32_t deterministic;    /* backward: bitwise reproducible dq, dk, dv, d_sinks, d_bias */
+  sinkattn_backend_t backend; /* AUTO (default), CPU, CUDA */
+  void* stream;             /* cudaStream_t for the CUDA backend; NULL = default stream */
+  int32_t num_threads;      /* CPU backend: 0 (default) = all cores */
+
+  void* workspace;          /* scratch, at least the size the matching size query reported */
+  size_t workspace_bytes;
+} sinkattn_params_t;
+
+/* Fills *p with the defaults above (all tensors absent). */
+SINKATTN_API void sinkattn_params_init(sinkattn_params_t* p);
+
+/* Convenience: a tensor view. `strides == NULL` means row-major contiguous. */
+SINKATTN_API sinkattn_tensor_t sinkattn_make_tensor(void* data, sinkattn_dtype_t dtype, int32_t rank,
+                                                    const int64_t* shape, const int64_t* strides);
+
+/* SPEC.md section 2. Writes out, softmax_lse, and rng_state (if given).
+ * Returns INVALID_ARGUMENT / UNSUPPORTED / WORKSPACE_TOO_SMALL / DEVICE with a message. */
+SINKATTN_API sinkattn_status_t sinkattn_forward(const sinkattn_params_t* p);
+
+/* SPEC.md section 3. Writes dq, dk, dv, d_sinks (learnable), d_bias (with bias). */
+SINKATTN_API sinkattn_status_t sinkattn_backward(const sinkattn_params_t* p);
+
+/* SPEC.md section 4: bytes of workspace the forward / backward with these parameters needs on the backend
+ * that would run it. Same validation and code path as the run (the workspace fields are ignored here).
+ * Shape-only queries are allowed: data pointers may be NULL, which bindings use to size scratch buffers
+ * before any memory exists; with a NULL q pointer the backend is p->backend, or CPU when that is AUTO. */
+SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
+SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
+
+/* SPEC.md section 4: which backend would run this call (is_backward = 0: forward, 1: backward).
+ * *chosen is the backend (CPU or CUDA), or AUTO if none can. `report` (may be NULL) receives a
+ * NUL-terminated text with one line per backend: "cpu: chosen (...)" or "cuda: not chosen: <why>".
+ * Returns OK when some backend can run the call, otherwise the status the run would return. */
+SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p, int32_t is_backward,
+                                                      sinkattn_backend_t* chosen, char* report,
+                                                      size_t report_len);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+SINKATTN_API const char* sinkattn_last_error(void);
+
+/* "0.1.0" */
+SINKATTN_API const char* sinkattn_version(void);
+
+/* Is the backend compiled into this library (1) or not (0). */
+SINKATTN_API int32_t sinkattn_backend_available(sinkattn_backend_t backend);
+
+/* Human-readable description of a backend: devices found, dtypes, head dims, features.
+ * Writes a NUL-terminated text of at most len bytes to buf. */
+SINKATTN_API void sinkattn_backend_describe(sinkattn_backend_t backend, char* buf, size_t len);
+
+/* SPEC.md section 2, dropout: Philox4x32-10 (Random123) and the keep decision, exposed for tests
+ * and bindings. counter, key: 4 and 2 uint32 words; writes 4 words to out. */
+SINKATTN_API void sinkattn_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+
+/* keep(seed, offset, n, h, i, j) of SPEC.md section 2 with the call's h_q, max_s_q, max_s_kv and p.
+ * Returns 1 (kept) or 0 (dropped). */
+SINKATTN_API int32_t sinkattn_dropout_keep(uint64_t seed, uint64_t offset, int64_t n, int64_t h, int64_t i,
+                                           int64_t j, int64_t h_q, int64_t max_s_q, int64_t max_s_kv,
+                                           double dropout_p);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SINKATTN_SINKATTN_H_ */

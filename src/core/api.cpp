@@ -1,0 +1,254 @@
+// The C entry points: validation, dispatch, workspace checks, last error (SPEC.md section 4).
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/philox.hpp"
+#include "core/validate.hpp"
+#include "sinkattn/sinkattn.h"
+
+#ifndef SINKATTN_VERSION_STRING
+#define SINKATTN_VERSION_STRING "0.0.0"
+#endif
+
+namespace sinkattn {
+
+#ifndef SINKATTN_WITH_CUDA
+const Backend* cuda_backend() { return nullptr; }
+#endif
+
+Memory pointer_memory(const void* ptr) {
+#ifdef SINKATTN_WITH_CUDA
+  return cuda_pointer_memory(ptr);
+#else
+  (void)ptr;
+  return Memory::kHost;
+#endif
+}
+
+namespace {
+
+thread_local std::string g_last_error;
+
+sinkattn_status_t fail(const Status& st) {
+  g_last_error = st.message;
+  return st.code;
+}
+
+const char* backend_name(sinkattn_backend_t b) {
+  switch (b) {
+    case SINKATTN_BACKEND_CPU: return "cpu";
+    case SINKATTN_BACKEND_CUDA: return "cuda";
+    default: return "auto";
+  }
+}
+
+const Backend* backend_for(sinkattn_backend_t b) {
+  return b == SINKATTN_BACKEND_CPU ? cpu_backend() : b == SINKATTN_BACKEND_CUDA ? cuda_backend() : nullptr;
+}
+
+struct Choice {
+  const Backend* backend = nullptr;
+  Status status;       // why nothing was chosen, when backend == nullptr
+  std::string report;  // one line per backend
+};
+
+// Picks the backend for a resolved call. Explicit requests are honoured or refused with the reason; AUTO takes
+// the backend that matches the memory of the tensors (CUDA for device memory, CPU for host memory).
+Choice choose_backend(const Call& c) {
+  Choice ch;
+  const sinkattn_backend_t requested = c.p->backend;
+  const sinkattn_backend_t natural = c.memory == Memory::kDevice ? SINKATTN_BACKEND_CUDA : SINKATTN_BACKEND_CPU;
+  std::string first_reason;
+  for (sinkattn_backend_t id : {SINKATTN_BACKEND_CPU, SINKATTN_BACKEND_CUDA}) {
+    std::string line = std::string(backend_name(id)) + ": ";
+    const Backend* b = backend_for(id);
+    std::string why;
+    if (b == nullptr) {
+      why = "not compiled into this library";
+    } else if (requested != SINKATTN_BACKEND_AUTO && requested != id) {
+      why = std::string("not requested (backend = ") + backend_name(requested) + ")";
+    } else if (requested == SINKATTN_BACKEND_AUTO && id != natural) {
+      why = std::string("tensors are in ") + (c.memory == Memory::kDevice ? "device" : "host") + " memory";
+    } else {
+      const Status st = b->supports(c);
+      if (st.is_ok() && ch.backend == nullptr) {
+        ch.backend = b;
+        line += std::string("chosen (") +
+                (requested == SINKATTN_BACKEND_AUTO
+                     ? (c.memory == Memory::kDevice ? "tensors in device memory" : "tensors in host memory")
+                     : "requested") +
+                ")";
+        ch.report += line + "\n";
+        continue;
+      }
+      why = st.is_ok() ? "another backend was chosen first" : st.message;
+      if (!st.is_ok() && first_reason.empty()) {
+        first_reason = std::string(backend_name(id)) + ": " + st.message;
+        ch.status = st;
+      }
+    }
+    ch.report += line + "not chosen: " + why + "\n";
+  }
+  if (ch.backend == nullptr) {
+    if (first_reason.empty()) {
+      const Backend* want = backend_for(requested == SINKATTN_BACKEND_AUTO ? natural : requested);
+      ch.status = unsupported(std::string("no backend can run this call: ") +
+                              (want == nullptr ? std::string(backend_name(requested == SINKATTN_BACKEND_AUTO
+                                                                              ? natural
+                                                                              : requested)) +
+                                                     " backend is not compiled into this library"
+                                               : std::string("see the backend report")));
+    } else {
+      ch.status = Status{ch.status.code == SINKATTN_ERR_INVALID_ARGUMENT ? SINKATTN_ERR_INVALID_ARGUMENT
+                                                                          : SINKATTN_ERR_UNSUPPORTED,
+                         "no backend can run this call: " + first_reason};
+    }
+  }
+  return ch;
+}
+
+Status workspace_size_impl(const sinkattn_params_t* p, Pass pass, size_t* bytes) {
+  if (bytes == nullptr) return invalid("bytes: pointer is NULL");
+  Call c;
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/true, &c));
+  const Choice ch = choose_backend(c);
+  if (ch.backend == nullptr) return ch.status;
+  return ch.backend->workspace_size(c, bytes);
+}
+
+Status run_impl(const sinkattn_params_t* p, Pass pass) {
+  Call c;
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
+  const Choice ch = choose_backend(c);
+  if (ch.backend == nullptr) return ch.status;
+  size_t need = 0;
+  SINKATTN_RETURN_IF_ERROR(ch.backend->workspace_size(c, &need));
+  if (p->workspace_bytes < need || (need > 0 && p->workspace == nullptr))
+    return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL,
+                  "workspace: this " + std::string(pass == Pass::kForward ? "forward" : "backward") + " on the " +
+                      ch.backend->name() + " backend needs " + std::to_string(need) + " bytes, got " +
+                      std::to_string(p->workspace == nullptr ? 0 : p->workspace_bytes) +
+                      (p->workspace == nullptr && need > 0 ? " (NULL pointer)" : "")};
+  return ch.backend->run(c);
+}
+
+template <class F>
+sinkattn_status_t guarded(F&& f) {
+  try {
+    const Status st = f();
+    if (!st.is_ok()) return fail(st);
+    g_last_error.clear();
+    return SINKATTN_OK;
+  } catch (const std::exception& e) {
+    return fail(internal_error(std::string("internal error: ") + e.what()));
+  } catch (...) {
+    return fail(internal_error("internal error: unknown exception"));
+  }
+}
+
+}  // namespace
+}  // namespace sinkattn
+
+using namespace sinkattn;
+
+extern "C" {
+
+SINKATTN_API void sinkattn_params_init(sinkattn_params_t* p) {
+  if (p == nullptr) return;
+  std::memset(p, 0, sizeof(*p));
+  p->softmax_type = SINKATTN_SOFTMAX_VANILLA;
+  p->softmax_scale = NAN;
+  p->window_left = -1;
+  p->window_right = -1;
+  p->mask_alignment = SINKATTN_ALIGN_BOTTOM_RIGHT;
+  p->backend = SINKATTN_BACKEND_AUTO;
+}
+
+SINKATTN_API sinkattn_tensor_t sinkattn_make_tensor(void* data, sinkattn_dtype_t dtype, int32_t rank,
+                                                    const int64_t* shape, const int64_t* strides) {
+  sinkattn_tensor_t t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = rank < 0 ? 0 : (rank > SINKATTN_MAX_RANK ? SINKATTN_MAX_RANK : rank);
+  int64_t stride = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    t.shape[i] = shape ? shape[i] : 0;
+    t.strides[i] = strides ? strides[i] : stride;
+    stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+  }
+  return t;
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_forward(const sinkattn_params_t* p) {
+  return guarded([&] { return run_impl(p, Pass::kForward); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_backward(const sinkattn_params_t* p) {
+  return guarded([&] { return run_impl(p, Pass::kBackward); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_params_t* p, size_t* bytes) {
+  return guarded([&] { return workspace_size_impl(p, Pass::kForward, bytes); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_params_t* p, size_t* bytes) {
+  return guarded([&] { return workspace_size_impl(p, Pass::kBackward, bytes); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p, int32_t is_backward,
+                                                      sinkattn_backend_t* chosen, char* report, size_t report_len) {
+  return guarded([&]() -> Status {
+    if (chosen) *chosen = SINKATTN_BACKEND_AUTO;
+    if (report && report_len) report[0] = '\0';
+    Call c;
+    SINKATTN_RETURN_IF_ERROR(resolve_call(p, is_backward ? Pass::kBackward : Pass::kForward, /*shape_only=*/true, &c));
+    const Choice ch = choose_backend(c);
+    if (report && report_len) {
+      const size_t n = std::min(report_len - 1, ch.report.size());
+      std::memcpy(report, ch.report.data(), n);
+      report[n] = '\0';
+    }
+    if (ch.backend == nullptr) return ch.status;
+    if (chosen) *chosen = ch.backend->id();
+    return Status::ok();
+  });
+}
+
+SINKATTN_API const char* sinkattn_last_error(void) { return g_last_error.c_str(); }
+
+SINKATTN_API const char* sinkattn_version(void) { return SINKATTN_VERSION_STRING; }
+
+SINKATTN_API int32_t sinkattn_backend_available(sinkattn_backend_t backend) {
+  return backend_for(backend) != nullptr ? 1 : 0;
+}
+
+SINKATTN_API void sinkattn_backend_describe(sinkattn_backend_t backend, char* buf, size_t len) {
+  if (buf == nullptr || len == 0) return;
+  std::string s;
+  try {
+    const Backend* b = backend_for(backend);
+    s = b ? b->describe() : std::string(backend_name(backend)) + ": not compiled into this library";
+  } catch (const std::exception& e) {
+    s = std::string("error: ") + e.what();
+  }
+  const size_t n = std::min(len - 1, s.size());
+  std::memcpy(buf, s.data(), n);
+  buf[n] = '\0';
+}
+
+SINKATTN_API void sinkattn_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
+  const Philox4 r = philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1]);
+  for (int i = 0; i < 4; ++i) out[i] = r.w[i];
+}
+
+SINKATTN_API int32_t sinkattn_dropout_keep(uint64_t seed, uint64_t offset, int64_t n, int64_t h, int64_t i, int64_t j,
+                                           int64_t h_q, int64_t max_s_q, int64_t max_s_kv, double dropout_p) {
+  const uint64_t idx = dropout_index(n, h, i, j, h_q, max_s_q, max_s_kv);
+  return dropout_keep(seed, offset, idx, dropout_threshold(dropout_p)) ? 1 : 0;
+}
+
+}  // extern "C"

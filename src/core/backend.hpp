@@ -1,0 +1,43 @@
+// The backend interface. Each backend declares what it supports; the dispatcher (api.cpp) asks every
+// backend and reports, for each one not chosen, why (SPEC.md section 4).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/call.hpp"
+#include "core/status.hpp"
+
+namespace sinkattn {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual sinkattn_backend_t id() const = 0;
+  virtual const char* name() const = 0;
+
+  // Can this backend run `c`? If not, returns an error Status whose message says why (for example
+  // "head dim 200 not supported (supported: 32, 64, ...)"). Must not touch tensor data.
+  virtual Status supports(const Call& c) const = 0;
+
+  // Bytes of workspace needed for `c` (c.pass says forward or backward). Same code path as run().
+  virtual Status workspace_size(const Call& c, size_t* bytes) const = 0;
+
+  // Runs `c`. Called only after supports(c) returned OK and the workspace was checked against
+  // workspace_size(c).
+  virtual Status run(const Call& c) const = 0;
+
+  // Free text for `sinkattn info`.
+  virtual std::string describe() const = 0;
+};
+
+// The registered backends (CPU always; CUDA when compiled in). Returns nullptr when not compiled in.
+const Backend* cpu_backend();
+const Backend* cuda_backend();
+
+// Memory kind of a pointer: device when the CUDA backend is compiled in and CUDA says so, host otherwise.
+Memory pointer_memory(const void* ptr);
+// Implemented by the CUDA backend (src/cuda) when compiled in: cudaPointerGetAttributes-based.
+Memory cuda_pointer_memory(const void* ptr);
+
+}  // namespace sinkattn

@@ -1,0 +1,123 @@
+// The validated, resolved description of one attention call, shared by every backend.
+//
+// sinkattn_params_t (the C ABI struct) is checked once at the boundary by `resolve_call` (validate.cpp);
+// backends only ever see a `Call`, in which every size is resolved, every optional tensor is known to be
+// present or absent, and every strided tensor is reduced to (batch, row, head) strides in elements.
+// SPEC.md sections 1-4.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "sinkattn/sinkattn.h"
+
+namespace sinkattn {
+
+enum class Pass { kForward, kBackward };
+
+enum class Memory { kHost, kDevice };
+
+// Which optional tensors a call has and uses. ONE function (`decide_tensors`, validate.cpp) computes it, from
+// the options alone, and both the forward and the backward validate and run against it.
+enum class Use { kAbsent, kRequired };
+struct TensorPlan {
+  Use sinks = Use::kAbsent;       // learnable
+  Use bias = Use::kAbsent;        // caller gave a bias
+  Use d_bias = Use::kAbsent;      // backward with bias
+  Use d_sinks = Use::kAbsent;     // backward, learnable
+  Use d_lse = Use::kAbsent;       // backward, caller gave d_lse
+  Use rng_state = Use::kAbsent;   // backward with dropout (read); forward: written if given
+  bool varlen = false;            // cu_seqlens_q / cu_seqlens_kv
+  bool seqused_kv = false;        // varlen only
+  bool seqlens_q = false;         // dense only
+  bool seqlens_kv = false;        // dense only
+  bool dropout = false;           // dropout_p > 0
+};
+
+// (batch, row, head) strides in elements of a q/k/v/out-like tensor. For varlen inputs `b` is 0 and rows are
+// global token indices (the sequence's first row is cu_seqlens[n]).
+struct RowStrides {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+// Strides of softmax_lse / d_lse: dense [b, h_q, s_q], varlen [h_q, total_q] (b = 0, rows global).
+struct LseStrides {
+  int64_t b = 0, h = 0, s = 0;
+};
+
+// Strides of bias / d_bias [b|1, h_q|1, s_q, s_kv]: a broadcast dimension has stride 0.
+struct BiasStrides {
+  int64_t b = 0, h = 0, i = 0, j = 0;
+};
+
+struct Call {
+  const sinkattn_params_t* p = nullptr;  // the caller's struct (data pointers)
+  Pass pass = Pass::kForward;
+  Memory memory = Memory::kHost;
+  TensorPlan plan;
+
+  sinkattn_dtype_t dtype = SINKATTN_F32;  // of q, k, v, out, d_out, dq, dk, dv
+  sinkattn_dtype_t bias_dtype = SINKATTN_F32;
+
+  // Sizes. Dense: s_q, s_kv are the tensor extents. Varlen: max_seqlen_q / max_seqlen_kv, and
+  // total_q / total_kv are the packed row counts.
+  int64_t b = 0, s_q = 0, s_kv = 0, h_q = 0, h_kv = 0, d = 0, d_v = 0;
+  int64_t total_q = 0, total_kv = 0;
+  int64_t group = 1;  // h_q / h_kv
+
+  sinkattn_softmax_type_t softmax_type = SINKATTN_SOFTMAX_VANILLA;
+  float softmax_scale = 0.f;  // resolved (default 1/sqrt(d))
+  int64_t window_left = -1, window_right = -1;
+  sinkattn_mask_alignment_t alignment = SINKATTN_ALIGN_BOTTOM_RIGHT;
+  double dropout_p = 0.0;
+  uint32_t dropout_threshold = 0;  // min(floor(p * 2^32), 2^32 - 1)
+  bool deterministic = false;
+
+  RowStrides q, k, v, out, d_out, dq, dk, dv;
+  LseStrides lse, d_lse;
+  BiasStrides bias, d_bias;
+
+  // Actual lengths of sequence n need the batch tensors (host or device); backends read them themselves
+  // (`seq_bounds` below for host memory).
+  bool causal() const { return window_right == 0; }
+};
+
+// Per-sequence bounds for host-memory calls: row offsets and actual lengths (SPEC.md section 1).
+struct SeqBounds {
+  int64_t q_start = 0, kv_start = 0;  // global row of the first query / key (varlen), 0 for dense
+  int64_t len_q = 0, len_kv = 0;      // actual query rows, actual keys (after seqlens / seqused)
+};
+SeqBounds host_seq_bounds(const Call& c, int64_t n);
+
+// First and one-past-last visible key of query row i (within its sequence), SPEC.md section 2, masks.
+// Returns an empty range (lo >= hi) when nothing is visible. Windows wider than the sequence are not
+// clamped in a way that drops keys.
+struct KeyRange {
+  int64_t lo, hi;
+};
+inline KeyRange visible_keys(const Call& c, int64_t i, int64_t len_q, int64_t len_kv) {
+  const int64_t off = c.alignment == SINKATTN_ALIGN_BOTTOM_RIGHT ? len_kv - len_q : 0;
+  int64_t lo = 0, hi = len_kv;
+  if (c.window_left >= 0) lo = std::max<int64_t>(lo, i + off - c.window_left);
+  if (c.window_right >= 0) hi = std::min<int64_t>(hi, i + off + c.window_right + 1);
+  if (hi < lo) hi = lo;
+  return {lo, hi};
+}
+
+// sigma of SPEC.md section 2 for query head h (host memory sinks).
+inline float host_sink(const Call& c, int64_t h) {
+  switch (c.softmax_type) {
+    case SINKATTN_SOFTMAX_LEARNABLE: {
+      const sinkattn_tensor_t& s = c.p->sinks;
+      return static_cast<const float*>(s.data)[h * s.strides[0]];
+    }
+    case SINKATTN_SOFTMAX_OFF_BY_ONE:
+      return 0.f;
+    default:
+      return -INFINITY;
+  }
+}
+
+}  // namespace sinkattn

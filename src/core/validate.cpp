@@ -1,0 +1,423 @@
+// Validation of a sinkattn_params_t at the boundary (SPEC.md section 4) and its resolution into a Call.
+//
+// Every rule returns INVALID_ARGUMENT with a message that starts with the argument's name and states the rule.
+// `decide_tensors` is the one place that decides which optional tensors a call has; forward and backward both
+// validate and run against its answer.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/call.hpp"
+#include "core/philox.hpp"
+#include "core/validate.hpp"
+
+namespace sinkattn {
+namespace {
+
+const char* dtype_name(sinkattn_dtype_t t) {
+  switch (t) {
+    case SINKATTN_F32: return "fp32";
+    case SINKATTN_F16: return "fp16";
+    case SINKATTN_BF16: return "bf16";
+    case SINKATTN_I32: return "int32";
+    case SINKATTN_I64: return "int64";
+  }
+  return "unknown";
+}
+
+bool present(const sinkattn_tensor_t& t) { return t.rank > 0; }
+
+std::string shape_str(const sinkattn_tensor_t& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < t.rank && i < SINKATTN_MAX_RANK; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << "]";
+  return s.str();
+}
+
+std::string dims_str(const std::vector<int64_t>& d) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < d.size(); ++i) s << (i ? ", " : "") << d[i];
+  s << "]";
+  return s.str();
+}
+
+// Checks that shared by every tensor: rank in range, shape >= 0, strides >= 0, last dim contiguous, data present
+// (unless shape-only), memory kind equal to q's.
+class Checker {
+ public:
+  Checker(bool shape_only, Memory memory) : shape_only_(shape_only), memory_(memory) {}
+
+  Status basic(const char* name, const sinkattn_tensor_t& t) const {
+    if (t.rank < 1 || t.rank > SINKATTN_MAX_RANK)
+      return invalid(std::string(name) + ": rank must be between 1 and 4, got " + std::to_string(t.rank));
+    for (int i = 0; i < t.rank; ++i) {
+      if (t.shape[i] < 0) return invalid(std::string(name) + ": shape " + shape_str(t) + " has a negative extent");
+      if (t.strides[i] < 0)
+        return invalid(std::string(name) + ": stride " + std::to_string(t.strides[i]) + " of dimension " +
+                       std::to_string(i) + " is negative");
+    }
+    if (t.strides[t.rank - 1] != 1 && t.shape[t.rank - 1] > 1)
+      return invalid(std::string(name) + ": the last dimension must be contiguous (stride 1), got stride " +
+                     std::to_string(t.strides[t.rank - 1]));
+    if (!shape_only_) {
+      bool empty = false;
+      for (int i = 0; i < t.rank; ++i) empty |= t.shape[i] == 0;
+      if (t.data == nullptr && !empty) return invalid(std::string(name) + ": data pointer is NULL");
+      if (t.data != nullptr) {
+        const Memory m = pointer_memory(t.data);
+        if (m != memory_)
+          return invalid(std::string(name) + ": is in " + (m == Memory::kDevice ? "device" : "host") +
+                         " memory but q is in " + (memory_ == Memory::kDevice ? "device" : "host") +
+                         " memory; all tensors of a call must be in the same memory");
+      }
+    }
+    return Status::ok();
+  }
+
+  Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want) const {
+    if (t.dtype != want)
+      return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
+    return Status::ok();
+  }
+
+  // Full check against an expected shape.
+  Status exact(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want_dtype,
+               const std::vector<int64_t>& want) const {
+    SINKATTN_RETURN_IF_ERROR(basic(name, t));
+    SINKATTN_RETURN_IF_ERROR(dtype(name, t, want_dtype));
+    bool same = t.rank == static_cast<int>(want.size());
+    for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want[i];
+    if (!same) return invalid(std::string(name) + ": shape must be " + dims_str(want) + ", got " + shape_str(t));
+    return Status::ok();
+  }
+
+ private:
+  bool shape_only_;
+  Memory memory_;
+};
+
+RowStrides row_strides(const sinkattn_tensor_t& t, bool varlen) {
+  if (varlen) return {0, t.strides[0], t.strides[1]};
+  return {t.strides[0], t.strides[1], t.strides[2]};
+}
+
+LseStrides lse_strides(const sinkattn_tensor_t& t, bool varlen) {
+  if (varlen) return {0, t.strides[0], t.strides[1]};
+  return {t.strides[0], t.strides[1], t.strides[2]};
+}
+
+BiasStrides bias_strides(const sinkattn_tensor_t& t) {
+  return {t.shape[0] == 1 ? 0 : t.strides[0], t.shape[1] == 1 ? 0 : t.strides[1], t.strides[2], t.strides[3]};
+}
+
+bool is_float_dtype(sinkattn_dtype_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
+
+const int32_t* host_i32(const sinkattn_tensor_t& t) { return static_cast<const int32_t*>(t.data); }
+
+// Checks the contents of the int32 batch tensors when they are in host memory (device contents are trusted:
+// reading them would need a synchronising copy).
+Status check_batch_contents(const Call& c) {
+  const sinkattn_params_t& p = *c.p;
+  if (c.memory != Memory::kHost) return Status::ok();
+  if (c.plan.varlen) {
+    if (p.cu_seqlens_q.data == nullptr || p.cu_seqlens_kv.data == nullptr) return Status::ok();  // shape-only
+    const int32_t* cq = host_i32(p.cu_seqlens_q);
+    const int32_t* ck = host_i32(p.cu_seqlens_kv);
+    const int64_t sq = p.cu_seqlens_q.strides[0], sk = p.cu_seqlens_kv.strides[0];
+    if (cq[0] != 0) return invalid("cu_seqlens_q: must start at 0, got " + std::to_string(cq[0]));
+    if (ck[0] != 0) return invalid("cu_seqlens_kv: must start at 0, got " + std::to_string(ck[0]));
+    for (int64_t n = 0; n < c.b; ++n) {
+      const int64_t lq = int64_t(cq[(n + 1) * sq]) - cq[n * sq];
+      const int64_t lk = int64_t(ck[(n + 1) * sk]) - ck[n * sk];
+      if (lq < 0)
+        return invalid("cu_seqlens_q: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
+                       std::to_string(cq[(n + 1) * sq]) + ") < entry " + std::to_string(n) + " (" +
+                       std::to_string(cq[n * sq]) + ")");
+      if (lk < 0)
+        return invalid("cu_seqlens_kv: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
+                       std::to_string(ck[(n + 1) * sk]) + ") < entry " + std::to_string(n) + " (" +
+                       std::to_string(ck[n * sk]) + ")");
+      if (lq > c.s_q)
+        return invalid("max_seqlen_q: sequence " + std::to_string(n) + " has " + std::to_string(lq) +
+                       " query rows, more than max_seqlen_q = " + std::to_string(c.s_q));
+      if (lk > c.s_kv)
+        return invalid("max_seqlen_kv: sequence " + std::to_string(n) + " has " + std::to_string(lk) +
+                       " keys, more than max_seqlen_kv = " + std::to_string(c.s_kv));
+      if (c.plan.seqused_kv && p.seqused_kv.data != nullptr) {
+        const int32_t u = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
+        if (u < 0 || u > lk)
+          return invalid("seqused_kv: entry " + std::to_string(n) + " is " + std::to_string(u) +
+                         ", must be in [0, cu_seqlens_kv[n+1] - cu_seqlens_kv[n]] = [0, " + std::to_string(lk) + "]");
+      }
+    }
+    if (cq[c.b * sq] > c.total_q)
+      return invalid("cu_seqlens_q: last entry " + std::to_string(cq[c.b * sq]) + " exceeds total_q = " +
+                     std::to_string(c.total_q) + " (rows of q)");
+    if (ck[c.b * sk] > c.total_kv)
+      return invalid("cu_seqlens_kv: last entry " + std::to_string(ck[c.b * sk]) + " exceeds total_kv = " +
+                     std::to_string(c.total_kv) + " (rows of k)");
+  } else {
+    if (c.plan.seqlens_q && p.seqlens_q.data != nullptr) {
+      for (int64_t n = 0; n < c.b; ++n) {
+        const int32_t l = host_i32(p.seqlens_q)[n * p.seqlens_q.strides[0]];
+        if (l < 0 || l > c.s_q)
+          return invalid("seqlens_q: entry " + std::to_string(n) + " is " + std::to_string(l) + ", must be in [0, s_q = " +
+                         std::to_string(c.s_q) + "]");
+      }
+    }
+    if (c.plan.seqlens_kv && p.seqlens_kv.data != nullptr) {
+      for (int64_t n = 0; n < c.b; ++n) {
+        const int32_t l = host_i32(p.seqlens_kv)[n * p.seqlens_kv.strides[0]];
+        if (l < 0 || l > c.s_kv)
+          return invalid("seqlens_kv: entry " + std::to_string(n) + " is " + std::to_string(l) +
+                         ", must be in [0, s_kv = " + std::to_string(c.s_kv) + "]");
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+TensorPlan decide_tensors(const sinkattn_params_t& p, Pass pass) {
+  TensorPlan t;
+  const bool backward = pass == Pass::kBackward;
+  const bool learnable = p.softmax_type == SINKATTN_SOFTMAX_LEARNABLE;
+  t.varlen = present(p.cu_seqlens_q) || present(p.cu_seqlens_kv);
+  t.seqused_kv = present(p.seqused_kv);
+  t.seqlens_q = present(p.seqlens_q);
+  t.seqlens_kv = present(p.seqlens_kv);
+  t.dropout = p.dropout_p > 0.0;
+  t.sinks = learnable ? Use::kRequired : Use::kAbsent;
+  t.bias = present(p.bias) ? Use::kRequired : Use::kAbsent;
+  t.d_sinks = backward && learnable ? Use::kRequired : Use::kAbsent;
+  t.d_bias = backward && present(p.bias) ? Use::kRequired : Use::kAbsent;
+  t.d_lse = backward && present(p.d_lse) ? Use::kRequired : Use::kAbsent;
+  // Forward: rng_state is an optional output (written when given). Backward: required input with dropout.
+  t.rng_state = backward ? (t.dropout ? Use::kRequired : Use::kAbsent)
+                         : (present(p.rng_state) ? Use::kRequired : Use::kAbsent);
+  return t;
+}
+
+Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Call* out) {
+  if (pp == nullptr) return invalid("params: pointer is NULL");
+  const sinkattn_params_t& p = *pp;
+  Call c;
+  c.p = pp;
+  c.pass = pass;
+  const bool backward = pass == Pass::kBackward;
+
+  // ---- options ----
+  if (p.softmax_type != SINKATTN_SOFTMAX_VANILLA && p.softmax_type != SINKATTN_SOFTMAX_OFF_BY_ONE &&
+      p.softmax_type != SINKATTN_SOFTMAX_LEARNABLE)
+    return invalid("softmax_type: must be VANILLA, OFF_BY_ONE or LEARNABLE, got " + std::to_string(int(p.softmax_type)));
+  if (p.mask_alignment != SINKATTN_ALIGN_BOTTOM_RIGHT && p.mask_alignment != SINKATTN_ALIGN_TOP_LEFT)
+    return invalid("mask_alignment: must be BOTTOM_RIGHT or TOP_LEFT, got " + std::to_string(int(p.mask_alignment)));
+  if (p.backend != SINKATTN_BACKEND_AUTO && p.backend != SINKATTN_BACKEND_CPU && p.backend != SINKATTN_BACKEND_CUDA)
+    return invalid("backend: must be AUTO, CPU or CUDA, got " + std::to_string(int(p.backend)));
+  if (!(p.dropout_p >= 0.0 && p.dropout_p < 1.0))
+    return invalid("dropout_p: must be in [0, 1), got " + std::to_string(p.dropout_p));
+  if (!std::isnan(p.softmax_scale) && !std::isfinite(p.softmax_scale))
+    return invalid("softmax_scale: must be finite (or NaN for the default 1/sqrt(d))");
+  if (p.num_threads < 0) return invalid("num_threads: must be >= 0 (0 = all cores), got " + std::to_string(p.num_threads));
+
+  // ---- memory: q decides ----
+  if (p.q.rank <= 0) return invalid("q: is required (rank 0 means absent)");
+  if (p.q.data != nullptr) {
+    c.memory = pointer_memory(p.q.data);
+  } else {
+    if (!shape_only) return invalid("q: data pointer is NULL");
+    c.memory = p.backend == SINKATTN_BACKEND_CUDA ? Memory::kDevice : Memory::kHost;
+  }
+  const Checker chk(shape_only, c.memory);
+  c.plan = decide_tensors(p, pass);
+  const TensorPlan& plan = c.plan;
+  const bool varlen = plan.varlen;
+
+  // ---- q, k, v ----
+  SINKATTN_RETURN_IF_ERROR(chk.basic("q", p.q));
+  if (!is_float_dtype(p.q.dtype))
+    return invalid(std::string("q: dtype must be fp32, fp16 or bf16, got ") + dtype_name(p.q.dtype));
+  c.dtype = p.q.dtype;
+  const int qrank = varlen ? 3 : 4;
+  const char* qlayout = varlen ? "[total_q, h_q, d] (varlen)" : "[b, s_q, h_q, d] (dense)";
+  if (p.q.rank != qrank)
+    return invalid("q: rank must be " + std::to_string(qrank) + " for " + qlayout + ", got " + std::to_string(p.q.rank));
+  for (const auto& [name, t] : {std::pair<const char*, const sinkattn_tensor_t*>{"k", &p.k}, {"v", &p.v}}) {
+    if (!present(*t)) return invalid(std::string(name) + ": is required");
+    SINKATTN_RETURN_IF_ERROR(chk.basic(name, *t));
+    SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype));
+    if (t->rank != qrank)
+      return invalid(std::string(name) + ": rank must be " + std::to_string(qrank) + " like q, got " +
+                     std::to_string(t->rank));
+  }
+  const int o = varlen ? 0 : 1;  // offset of the row dimension
+  if (varlen) {
+    c.total_q = p.q.shape[0];
+    c.total_kv = p.k.shape[0];
+  } else {
+    c.b = p.q.shape[0];
+    c.s_q = p.q.shape[1];
+    c.s_kv = p.k.shape[1];
+    if (p.k.shape[0] != c.b || p.v.shape[0] != c.b)
+      return invalid("k: batch size must equal q's (" + std::to_string(c.b) + "), got k " + shape_str(p.k) + ", v " +
+                     shape_str(p.v));
+  }
+  c.h_q = p.q.shape[o + 1];
+  c.d = p.q.shape[o + 2];
+  c.h_kv = p.k.shape[o + 1];
+  c.d_v = p.v.shape[o + 2];
+  if (p.v.shape[o] != p.k.shape[o])
+    return invalid("v: must have as many rows as k (" + std::to_string(p.k.shape[o]) + "), got " + shape_str(p.v));
+  if (p.v.shape[o + 1] != c.h_kv)
+    return invalid("v: must have h_kv = " + std::to_string(c.h_kv) + " heads like k, got " + shape_str(p.v));
+  if (p.k.shape[o + 2] != c.d)
+    return invalid("k: head dim must equal q's d = " + std::to_string(c.d) + ", got " + shape_str(p.k));
+  if (c.h_q < 1) return invalid("q: h_q must be >= 1, got " + shape_str(p.q));
+  if (c.h_kv < 1) return invalid("k: h_kv must be >= 1, got " + shape_str(p.k));
+  if (c.d < 1) return invalid("q: head dim d must be >= 1, got " + shape_str(p.q));
+  if (c.d_v < 1) return invalid("v: head dim d_v must be >= 1, got " + shape_str(p.v));
+  if (c.h_q % c.h_kv != 0)
+    return invalid("k: h_q % h_kv must be 0 (query head h reads KV head h / (h_q / h_kv)), got h_q = " +
+                   std::to_string(c.h_q) + ", h_kv = " + std::to_string(c.h_kv));
+  c.group = c.h_q / c.h_kv;
+
+  // ---- batch description ----
+  if (varlen) {
+    if (!present(p.cu_seqlens_q) || !present(p.cu_seqlens_kv))
+      return invalid(std::string(present(p.cu_seqlens_q) ? "cu_seqlens_kv" : "cu_seqlens_q") +
+                     ": varlen needs both cu_seqlens_q and cu_seqlens_kv");
+    SINKATTN_RETURN_IF_ERROR(chk.basic("cu_seqlens_q", p.cu_seqlens_q));
+    SINKATTN_RETURN_IF_ERROR(chk.dtype("cu_seqlens_q", p.cu_seqlens_q, SINKATTN_I32));
+    if (p.cu_seqlens_q.rank != 1 || p.cu_seqlens_q.shape[0] < 1)
+      return invalid("cu_seqlens_q: shape must be [b + 1] with b >= 0, got " + shape_str(p.cu_seqlens_q));
+    c.b = p.cu_seqlens_q.shape[0] - 1;
+    SINKATTN_RETURN_IF_ERROR(chk.exact("cu_seqlens_kv", p.cu_seqlens_kv, SINKATTN_I32, {c.b + 1}));
+    if (plan.seqused_kv) SINKATTN_RETURN_IF_ERROR(chk.exact("seqused_kv", p.seqused_kv, SINKATTN_I32, {c.b}));
+    if (plan.seqlens_q || plan.seqlens_kv)
+      return invalid(std::string(plan.seqlens_q ? "seqlens_q" : "seqlens_kv") +
+                     ": is for dense batches; varlen calls use cu_seqlens_q / cu_seqlens_kv / seqused_kv");
+    if (p.max_seqlen_q < 0) return invalid("max_seqlen_q: must be >= 0 for varlen, got " + std::to_string(p.max_seqlen_q));
+    if (p.max_seqlen_kv < 0)
+      return invalid("max_seqlen_kv: must be >= 0 for varlen, got " + std::to_string(p.max_seqlen_kv));
+    c.s_q = p.max_seqlen_q;
+    c.s_kv = p.max_seqlen_kv;
+  } else {
+    if (plan.seqused_kv) return invalid("seqused_kv: needs a varlen call (cu_seqlens_q / cu_seqlens_kv)");
+    if (plan.seqlens_q) SINKATTN_RETURN_IF_ERROR(chk.exact("seqlens_q", p.seqlens_q, SINKATTN_I32, {c.b}));
+    if (plan.seqlens_kv) SINKATTN_RETURN_IF_ERROR(chk.exact("seqlens_kv", p.seqlens_kv, SINKATTN_I32, {c.b}));
+  }
+
+  // ---- sinks, bias ----
+  c.softmax_type = p.softmax_type;
+  if (plan.sinks == Use::kRequired) {
+    if (!present(p.sinks)) return invalid("sinks: softmax_type LEARNABLE requires sinks (fp32 [h_q])");
+    SINKATTN_RETURN_IF_ERROR(chk.exact("sinks", p.sinks, SINKATTN_F32, {c.h_q}));
+  }
+  if (plan.bias == Use::kRequired) {
+    if (varlen) return invalid("bias: is not defined for varlen calls (SPEC.md section 1)");
+    SINKATTN_RETURN_IF_ERROR(chk.basic("bias", p.bias));
+    if (p.bias.dtype != SINKATTN_F32 && p.bias.dtype != c.dtype)
+      return invalid(std::string("bias: dtype must be fp32 or the dtype of q (") + dtype_name(c.dtype) + "), got " +
+                     dtype_name(p.bias.dtype));
+    const auto& s = p.bias.shape;
+    if (p.bias.rank != 4 || !(s[0] == c.b || s[0] == 1) || !(s[1] == c.h_q || s[1] == 1) || s[2] != c.s_q ||
+        s[3] != c.s_kv)
+      return invalid("bias: shape must be [b or 1, h_q or 1, s_q, s_kv] = [" + std::to_string(c.b) + "|1, " +
+                     std::to_string(c.h_q) + "|1, " + std::to_string(c.s_q) + ", " + std::to_string(c.s_kv) +
+                     "], got " + shape_str(p.bias));
+    c.bias_dtype = p.bias.dtype;
+    c.bias = bias_strides(p.bias);
+  }
+
+  // ---- resolved options ----
+  c.softmax_scale = std::isnan(p.softmax_scale) ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)))
+                                                : p.softmax_scale;
+  c.window_left = p.window_left < 0 ? -1 : p.window_left;
+  c.window_right = p.window_right < 0 ? -1 : p.window_right;
+  c.alignment = p.mask_alignment;
+  c.dropout_p = p.dropout_p;
+  c.dropout_threshold = dropout_threshold(p.dropout_p);
+  c.deterministic = p.deterministic != 0;
+
+  // ---- shapes of out / lse (inputs of the backward, outputs of the forward) ----
+  const std::vector<int64_t> out_shape =
+      varlen ? std::vector<int64_t>{c.total_q, c.h_q, c.d_v} : std::vector<int64_t>{c.b, c.s_q, c.h_q, c.d_v};
+  const std::vector<int64_t> lse_shape =
+      varlen ? std::vector<int64_t>{c.h_q, c.total_q} : std::vector<int64_t>{c.b, c.h_q, c.s_q};
+  const auto shape_of = [](const sinkattn_tensor_t& t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); };
+  const auto required = [&](const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t dt,
+                            const std::vector<int64_t>& shape) -> Status {
+    if (!present(t)) return invalid(std::string(name) + ": is required for the " + (backward ? "backward" : "forward"));
+    return chk.exact(name, t, dt, shape);
+  };
+  SINKATTN_RETURN_IF_ERROR(required("out", p.out, c.dtype, out_shape));
+  SINKATTN_RETURN_IF_ERROR(required("softmax_lse", p.softmax_lse, SINKATTN_F32, lse_shape));
+  c.out = row_strides(p.out, varlen);
+  c.lse = lse_strides(p.softmax_lse, varlen);
+  c.q = row_strides(p.q, varlen);
+  c.k = row_strides(p.k, varlen);
+  c.v = row_strides(p.v, varlen);
+
+  if (plan.rng_state == Use::kRequired) {
+    if (!present(p.rng_state)) return invalid("rng_state: the backward with dropout_p > 0 requires rng_state (int64 [2])");
+    SINKATTN_RETURN_IF_ERROR(chk.exact("rng_state", p.rng_state, SINKATTN_I64, {2}));
+  }
+  if (!backward && present(p.rng_seed_offset))
+    SINKATTN_RETURN_IF_ERROR(chk.exact("rng_seed_offset", p.rng_seed_offset, SINKATTN_I64, {2}));
+
+  if (backward) {
+    SINKATTN_RETURN_IF_ERROR(required("d_out", p.d_out, c.dtype, out_shape));
+    SINKATTN_RETURN_IF_ERROR(required("dq", p.dq, c.dtype, shape_of(p.q)));
+    SINKATTN_RETURN_IF_ERROR(required("dk", p.dk, c.dtype, shape_of(p.k)));
+    SINKATTN_RETURN_IF_ERROR(required("dv", p.dv, c.dtype, shape_of(p.v)));
+    c.d_out = row_strides(p.d_out, varlen);
+    c.dq = row_strides(p.dq, varlen);
+    c.dk = row_strides(p.dk, varlen);
+    c.dv = row_strides(p.dv, varlen);
+    if (plan.d_lse == Use::kRequired) {
+      SINKATTN_RETURN_IF_ERROR(chk.exact("d_lse", p.d_lse, SINKATTN_F32, lse_shape));
+      c.d_lse = lse_strides(p.d_lse, varlen);
+    }
+    if (plan.d_sinks == Use::kRequired) {
+      if (!present(p.d_sinks)) return invalid("d_sinks: softmax_type LEARNABLE requires d_sinks (fp32 [h_q]) in the backward");
+      SINKATTN_RETURN_IF_ERROR(chk.exact("d_sinks", p.d_sinks, SINKATTN_F32, {c.h_q}));
+    }
+    if (plan.d_bias == Use::kRequired) {
+      if (!present(p.d_bias)) return invalid("d_bias: a backward with bias requires d_bias (shape and dtype of bias)");
+      SINKATTN_RETURN_IF_ERROR(chk.exact("d_bias", p.d_bias, p.bias.dtype, shape_of(p.bias)));
+      c.d_bias = bias_strides(p.d_bias);
+    }
+  }
+
+  SINKATTN_RETURN_IF_ERROR(check_batch_contents(c));
+  *out = c;
+  return Status::ok();
+}
+
+SeqBounds host_seq_bounds(const Call& c, int64_t n) {
+  const sinkattn_params_t& p = *c.p;
+  SeqBounds s;
+  if (c.plan.varlen) {
+    const int32_t* cq = host_i32(p.cu_seqlens_q);
+    const int32_t* ck = host_i32(p.cu_seqlens_kv);
+    const int64_t sq = p.cu_seqlens_q.strides[0], sk = p.cu_seqlens_kv.strides[0];
+    s.q_start = cq[n * sq];
+    s.kv_start = ck[n * sk];
+    s.len_q = cq[(n + 1) * sq] - s.q_start;
+    s.len_kv = ck[(n + 1) * sk] - s.kv_start;
+    if (c.plan.seqused_kv) s.len_kv = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
+  } else {
+    s.len_q = c.plan.seqlens_q ? host_i32(p.seqlens_q)[n * p.seqlens_q.strides[0]] : c.s_q;
+    s.len_kv = c.plan.seqlens_kv ? host_i32(p.seqlens_kv)[n * p.seqlens_kv.strides[0]] : c.s_kv;
+  }
+  return s;
+}
+
+}  // namespace sinkattn

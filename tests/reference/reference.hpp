@@ -1,0 +1,93 @@
+// Naive float64 reference of SPEC.md sections 2-3, independent of the library's backends and validation.
+// Used by the GoogleTest suites and by `sinkattn check`.
+//
+// The reference reads a sinkattn_params_t whose tensors live in host memory (any dtype, any strides) and
+// evaluates the formulas of SPEC.md directly, one (sequence, head, row) at a time, in float64 (or, with
+// Precision::kPlainLowPrecision, the "plain low-precision implementation" of SPEC.md section 5: scores and
+// softmax in fp32, products rounded to the input dtype, as frameworks do eagerly).
+//
+// It includes nothing from src/ and calls no library function: Philox4x32-10 and the fp16/bf16 conversions
+// are written out here again, on purpose, so that the library is checked against an independent copy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sinkattn/sinkattn.h"
+
+namespace sinkattn::ref {
+
+enum class Precision { kFloat64, kPlainLowPrecision };
+
+// A dense row-major array with the logical shape of the library tensor it stands for
+// (for example out: [b, s_q, h_q, d_v] dense or [total_q, h_q, d_v] varlen; softmax_lse [b, h_q, s_q] or
+// [h_q, total_q]; d_sinks [h_q]; d_bias the shape of bias). Empty when the output does not apply.
+// A NaN in a reference array means "unspecified by SPEC.md" (the LSE of dense padding rows, rows/keys of a
+// varlen buffer that belong to no sequence): relative_error only requires the actual value there to be
+// finite or -inf (never NaN, never +inf).
+struct Array {
+  std::vector<int64_t> shape;
+  std::vector<double> data;
+  bool empty() const { return data.empty() && shape.empty(); }
+  int64_t numel() const;
+};
+
+struct Result {
+  Array out, softmax_lse;                      // forward
+  Array dq, dk, dv, d_sinks, d_bias;           // backward (when requested)
+};
+
+// Evaluates the forward (and, if `backward`, the backward with p.d_out and optional p.d_lse) for the call
+// described by `p`. Uses p.softmax_type, softmax_scale (NaN = 1/sqrt(d)), windows, alignment, bias, batch
+// tensors, dropout (keep mask from SPEC.md's Philox function, seed/offset from p.seed / p.offset), exactly as
+// SPEC.md says. Output pointers in `p` are ignored. Throws std::invalid_argument on inputs it cannot read.
+// Backward: D_i = dot(d_out_i, out_i) uses the reference's own out rounded to the dtype of q (SPEC.md
+// section 3: "D_i is computed from the stored, rounded output").
+Result evaluate(const sinkattn_params_t& p, bool backward, Precision precision = Precision::kFloat64);
+
+// Reads a strided host tensor (any dtype) into a dense float64 array of its logical shape.
+Array read_tensor(const sinkattn_tensor_t& t);
+
+// Writes a dense array of the tensor's logical shape into a strided host tensor, rounding to its dtype
+// (round to nearest even for fp16/bf16). Used by the tests to fill inputs.
+void write_tensor(const sinkattn_tensor_t& t, const Array& a);
+
+// SPEC.md section 5: err = max|x - ref| / max(max|ref|, tiny) (max|ref| over finite reference values),
+// skipping nothing; NaN in x gives +inf. Positions where both are -inf (or both +inf) count as equal.
+// A NaN reference value ("unspecified") accepts any finite or -inf x. Throws on a shape mismatch.
+double relative_error(const Array& actual, const Array& ref, double tiny = 1e-6);
+
+// One line of SPEC.md section 5's error table.
+struct ErrorRow {
+  std::string name;      // "out", "softmax_lse", "dq", ...
+  double err = 0;        // backend vs float64
+  double lowp_err = 0;   // plain low-precision vs float64 (0 for fp32 inputs)
+  double tolerance = 0;  // fp32: 1e-5 (out, lse) / 1e-4 (grads); else 2 * lowp_err + 1e-3
+  bool pass = false;
+};
+
+// Builds the error table for every output present in `actual` (outputs of the backend, read with
+// read_tensor), against `ref64` (Precision::kFloat64) and `lowp` (Precision::kPlainLowPrecision, ignored for
+// fp32 inputs). `dtype` is the input dtype of q.
+std::vector<ErrorRow> error_table(const Result& actual, const Result& ref64, const Result& lowp, sinkattn_dtype_t dtype);
+
+// ---- independent building blocks (exposed for the tests) ----
+
+// IEEE binary16 and bfloat16 conversions, round to nearest even.
+double half_to_double(uint16_t bits);
+uint16_t double_to_half(double x);
+double bf16_to_double(uint16_t bits);
+uint16_t double_to_bf16(double x);
+// x rounded to the precision of `dtype` (F32: float, F16: half, BF16: bfloat16; integers: unchanged).
+double round_to(sinkattn_dtype_t dtype, double x);
+
+// Philox4x32-10 (Random123), SPEC.md section 2.
+void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+// threshold = min(floor(p * 2^32), 2^32 - 1).
+uint32_t dropout_threshold(double p);
+// keep(seed, offset, n, h, i, j) of SPEC.md section 2.
+bool dropout_keep(uint64_t seed, uint64_t offset, int64_t n, int64_t h, int64_t i, int64_t j, int64_t h_q,
+                  int64_t max_s_q, int64_t max_s_kv, double p);
+
+}  // namespace sinkattn::ref

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything sinkattn needs on a fresh Debian machine: build tools and C++ libraries from Debian's
+# packages, Python tools from PyPI into ./.venv. Idempotent; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debs=(cmake ninja-build g++ libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev python3-venv)
+missing=()
+for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core" >/dev/null 2>&1; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+fi
