@@ -1,0 +1,241 @@
+// CUDA backend: backward kernels (SPEC.md section 3), templated on the head-dim tile.
+//   dq kernel   (grid: query blocks, h_q, b; like the forward): per visible key block
+//                 P = exp2(x - LSE2), dP = dO V^T * keep / (1 - p), dS = P (dP - D + d_lse),
+//                 dQ += dS K; dQ *= softmax_scale. With a bias, dS (fp32) goes to the d_bias workspace.
+//   dK dV kernel (grid: key blocks, h_kv, b): for every query head of the KV group and every query block
+//                 that sees the key block: dV += (P * keep / (1 - p))^T dO, dK += dS^T Q; dK *= softmax_scale.
+//                 The GQA sum over the group happens in registers, in a fixed order.
+// No float atomics anywhere, so every output is bitwise reproducible (deterministic = 1 costs nothing extra).
+// Per-row inputs come from the preprocess pass (bwd_small.cu): LSE2 = LSE * log2(e) (+inf for rows that see
+// no key or are padding, so their P is exactly 0) and Dp = D - d_lse.
+#pragma once
+
+#include "cuda/dropout.cuh"
+#include "cuda/epilogue.cuh"
+#include "cuda/mainloop.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/scheduler.cuh"
+#include "cuda/scores.cuh"
+
+namespace sinkattn::cuda {
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const Params p) {
+  using Tr = DqTraits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, NT = BN / 8, NO = HD / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sdO = sQ + BM * LD;
+  T* sK = sdO + BM * LD;      // [2][BN][LD]
+  T* sV = sK + 2 * BN * LD;   // [2][BN][LD]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y, n = blockIdx.z;
+  const int hk = h / p.group;
+  const SeqInfo sq = seq_info(p, n);
+  const int m0 = scheduled_block(p.window_right >= 0) * BM;
+  if (m0 >= sq.rows_q) return;
+  T* dq = static_cast<T*>(p.dq) + n * p.dq_st.b + (sq.q_start + m0) * p.dq_st.s + h * p.dq_st.h;
+  if (m0 >= sq.len_q) {  // padding rows: dq = 0 (SPEC 3)
+    zero_rows(dq, p.dq_st.s, min(BM, sq.rows_q - m0), p.d, tid, Tr::kThreads);
+    return;
+  }
+
+  const Mask mk(p, sq);
+  int k_lo, k_hi;
+  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
+  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+
+  const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
+  const T* dog = static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + m0) * p.dout_st.s + h * p.dout_st.h;
+  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
+  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+
+  load_tile_async<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
+  load_tile_async<BM, HD, Tr::kThreads>(sdO, dog, p.dout_st.s, sq.len_q - m0, p.d_v, tid);
+  if (nb_lo < nb_hi) {
+    const int j0 = nb_lo * BN;
+    load_tile_async<BN, HD, Tr::kThreads>(sK, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
+    load_tile_async<BN, HD, Tr::kThreads>(sV, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  }
+  cp_async_commit();
+
+  const int row_w = m0 + warp * 16;
+  float lse2[2], dpr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row_w + g + 8 * r;
+    if (i < sq.len_q) {
+      const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
+      lse2[r] = p.ws_lse2[wr];
+      dpr[r] = p.ws_dp[wr];
+    } else {
+      lse2[r] = INFINITY;
+      dpr[r] = 0.f;
+    }
+  }
+  const Dropout dp(p, n, h);
+  float acc[NO][4];
+  zero_acc(acc);
+
+  for (int nb = nb_lo; nb < nb_hi; ++nb) {
+    const int buf = (nb - nb_lo) & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (nb + 1 < nb_hi) {
+      const int j1 = (nb + 1) * BN;
+      load_tile_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, kg + j1 * p.k_st.s, p.k_st.s, sq.len_kv - j1,
+                                            p.d, tid);
+      load_tile_async<BN, HD, Tr::kThreads>(sV + (buf ^ 1) * BN * LD, vg + j1 * p.v_st.s, p.v_st.s, sq.len_kv - j1,
+                                            p.d_v, tid);
+    }
+    cp_async_commit();
+    const int j0 = nb * BN;
+    const T* k_cur = sK + buf * BN * LD;
+    const T* v_cur = sV + buf * BN * LD;
+
+    float s[NT][4], dpv[NT][4];
+    zero_acc(s);
+    zero_acc(dpv);
+    gemm_abt<T, NT, HD, LD>(s, sQ + warp * 16 * LD, k_cur, lane);
+    gemm_abt<T, NT, HD, LD>(dpv, sdO + warp * 16 * LD, v_cur, lane);
+    const bool need_mask = !mk.tile_all_visible(m0, BM, j0, BN);
+    make_logits<T, NT, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float pr = fast_exp2(s[nt][e] - lse2[r]);  // P_ij (0 when masked or the row is empty)
+        float dpij = dpv[nt][e];
+        if (p.dropout && pr != 0.f) {
+          const int i = row_w + g + 8 * r, j = j0 + nt * 8 + 2 * t + (e & 1);
+          dpij *= dp.factor(i, j, p.s_kv);
+        }
+        s[nt][e] = pr != 0.f ? pr * (dpij - dpr[r]) : 0.f;  // dS_ij
+      }
+    if (p.ws_dbias) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_w + g + 8 * (e >> 1), j = j0 + nt * 8 + 2 * t + (e & 1);
+          if (i < sq.len_q && j < sq.len_kv)
+            p.ws_dbias[((static_cast<int64_t>(n) * p.h_q + h) * p.s_q + i) * p.s_kv + j] = s[nt][e];
+        }
+    }
+    gemm_pb<T, NT, NO, LD>(acc, s, k_cur, lane);
+  }
+  cp_async_wait<0>();
+  // Padding rows [len_q, rows_q) of a dense batch get dq = 0 exactly (SPEC 3).
+  store_fragment<T, NO>(dq + warp * 16 * p.dq_st.s, p.dq_st.s, sq.rows_q - row_w, p.d, acc,
+                        row_w + g < sq.len_q ? p.softmax_scale : 0.f, row_w + g + 8 < sq.len_q ? p.softmax_scale : 0.f,
+                        lane);
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(const Params p) {
+  using Tr = DkvTraits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, NT = BM / 8, NO = HD / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + BN * LD;
+  T* sQ = sV + BN * LD;        // [2][BM][LD]
+  T* sdO = sQ + 2 * BM * LD;   // [2][BM][LD]
+  float* sL = reinterpret_cast<float*>(sdO + 2 * BM * LD);  // [2][BM] LSE2
+  float* sD = sL + 2 * BM;                                 // [2][BM] D - d_lse
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int hk = blockIdx.y, n = blockIdx.z;
+  const SeqInfo sq = seq_info(p, n);
+  const int j0 = blockIdx.x * BN;
+  if (j0 >= sq.rows_kv) return;
+  T* dk = static_cast<T*>(p.dk) + n * p.dk_st.b + (sq.kv_start + j0) * p.dk_st.s + hk * p.dk_st.h;
+  T* dv = static_cast<T*>(p.dv) + n * p.dv_st.b + (sq.kv_start + j0) * p.dv_st.s + hk * p.dv_st.h;
+  const int rows_out = min(BN, sq.rows_kv - j0);
+
+  const Mask mk(p, sq);
+  int q_lo = 0, q_hi = 0;
+  if (j0 < sq.len_kv) mk.query_range(j0, min(j0 + BN, sq.len_kv), q_lo, q_hi);
+  const int qb_lo = q_lo / BM, qb_hi = (q_hi + BM - 1) / BM;
+  const int nq = qb_hi > qb_lo ? qb_hi - qb_lo : 0;
+  const int iters = nq * p.group;  // (query head of the group, query block), head-major
+
+  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
+  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + (sq.kv_start + j0) * p.v_st.s + hk * p.v_st.h;
+  load_tile_async<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
+  load_tile_async<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+
+  auto issue = [&](int it, int buf) {
+    const int h = hk * p.group + it / nq;
+    const int i0 = (qb_lo + it % nq) * BM;
+    const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
+    const T* dog =
+        static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
+    load_tile_async<BM, HD, Tr::kThreads>(sQ + buf * BM * LD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+    load_tile_async<BM, HD, Tr::kThreads>(sdO + buf * BM * LD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+    for (int r = tid; r < BM; r += Tr::kThreads) {
+      const int i = i0 + r;
+      float l2 = INFINITY, d = 0.f;
+      if (i < sq.len_q) {
+        const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
+        l2 = p.ws_lse2[wr];
+        d = p.ws_dp[wr];
+      }
+      sL[buf * BM + r] = l2;
+      sD[buf * BM + r] = d;
+    }
+  };
+  if (iters > 0) issue(0, 0);
+  cp_async_commit();
+
+  float acc_dk[NO][4], acc_dv[NO][4];
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
+  const int key_w = j0 + warp * 16;  // first key of this warp
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < iters) issue(it + 1, buf ^ 1);
+    cp_async_commit();
+    const int h = hk * p.group + it / nq;
+    const int i0 = (qb_lo + it % nq) * BM;
+    const T* q_cur = sQ + buf * BM * LD;
+    const T* do_cur = sdO + buf * BM * LD;
+    const float* l_cur = sL + buf * BM;
+    const float* d_cur = sD + buf * BM;
+    const Dropout dp(p, n, h);
+
+    float s[NT][4], dpv[NT][4];  // transposed tiles: rows = this warp's 16 keys, cols = BM queries
+    zero_acc(s);
+    zero_acc(dpv);
+    gemm_abt<T, NT, HD, LD>(s, sK + warp * 16 * LD, q_cur, lane);
+    gemm_abt<T, NT, HD, LD>(dpv, sV + warp * 16 * LD, do_cur, lane);
+    const bool need_mask = !mk.tile_all_visible(i0, BM, j0, BN);
+    make_logits<T, NT, true>(s, p, mk, need_mask, n, h, key_w, i0, lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
+        const float pr = fast_exp2(s[nt][e] - l_cur[c]);
+        float f = 1.f;
+        if (p.dropout && pr != 0.f) f = dp.factor(i0 + c, key_w + g + 8 * (e >> 1), p.s_kv);
+        s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] * f - d_cur[c]) : 0.f;  // dS^T
+        dpv[nt][e] = pr * f;                                              // (P * keep / (1 - p))^T
+      }
+    gemm_pb<T, NT, NO, LD>(acc_dv, dpv, do_cur, lane);
+    gemm_pb<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
+  }
+  cp_async_wait<0>();
+  const int rows_valid = rows_out - warp * 16;
+  store_fragment<T, NO>(dk + warp * 16 * p.dk_st.s, p.dk_st.s, rows_valid, p.d, acc_dk, p.softmax_scale,
+                        p.softmax_scale, lane);
+  store_fragment<T, NO>(dv + warp * 16 * p.dv_st.s, p.dv_st.s, rows_valid, p.d_v, acc_dv, 1.f, 1.f, lane);
+}
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,147 @@
+// CUDA backend: the small memory-bound kernels around the main backward kernels (SPEC.md section 3), and the
+// forward's rng_state writer.
+//   preprocess: per row  D_i = dot(d_out_i, out_i) (fp32, from the out passed to the backward),
+//               LSE2_i = LSE_i * log2(e) (+inf when LSE_i = -inf or the row is padding: P = 0 there),
+//               Dp_i = D_i - d_lse_i, and the fused d_sinks partial of the block:
+//               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i).
+//   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
+//               written, never accumulated into.
+//   d_bias:     d_bias[nb, hb, i, j] = sum over the broadcast dims of dS[n, h, i, j] (fixed order).
+#include "cuda/kernels.hpp"
+
+#include "cuda/common.cuh"
+#include "cuda/params.cuh"
+
+namespace sinkattn::cuda {
+
+namespace {
+
+constexpr int kPreThreads = 128;
+
+template <typename T>
+__global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
+  __shared__ float warp_sums[kPreThreads / 32];
+  const int h = blockIdx.y, n = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const SeqInfo sq = seq_info(p, n);
+  const float sigma = sink_value(p, h);
+  float part = 0.f;
+  for (int r = 0; r < kPreRows / (kPreThreads / 32); ++r) {
+    const int i = blockIdx.x * kPreRows + warp * (kPreRows / (kPreThreads / 32)) + r;
+    if (i >= sq.rows_q) break;
+    const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
+    if (i >= sq.len_q) {  // padding row: contributes nothing (SPEC 3)
+      if (lane == 0) {
+        p.ws_lse2[wr] = INFINITY;
+        p.ws_dp[wr] = 0.f;
+      }
+      continue;
+    }
+    const T* o = static_cast<const T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h;
+    const T* go = static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i) * p.dout_st.s + h * p.dout_st.h;
+    float dsum = 0.f;
+    for (int c = lane; c < p.d_v; c += 32) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, m);
+    if (lane == 0) {
+      const float lse = p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s];
+      const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + (sq.q_start + i) * p.dlse_s] : 0.f;
+      p.ws_lse2[wr] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      p.ws_dp[wr] = dsum - dlse;
+      if (p.softmax_type == 2) part += expf(sigma - lse) * (dlse - dsum);
+    }
+  }
+  if (p.softmax_type == 2) {
+    if (lane == 0) warp_sums[warp] = part;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float s = 0.f;
+      for (int w = 0; w < kPreThreads / 32; ++w) s += warp_sums[w];
+      p.ws_dsink[(static_cast<int64_t>(h) * p.b + n) * p.n_pre_blocks + blockIdx.x] = s;
+    }
+  }
+}
+
+__global__ void dsinks_finalize_kernel(const Params p) {
+  const int h = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const int64_t count = static_cast<int64_t>(p.b) * p.n_pre_blocks;
+  const float* part = p.ws_dsink + h * count;
+  double s = 0.0;
+  for (int64_t k = 0; k < count; ++k) s += part[k];
+  p.d_sinks[h] = static_cast<float>(s);
+}
+
+template <typename B>
+__global__ void dbias_reduce_kernel(const Params p) {
+  const int64_t sq = p.s_q, skv = p.s_kv;
+  const int64_t total = static_cast<int64_t>(p.bias_shape_b) * p.bias_shape_h * sq * skv;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = e % skv, i = (e / skv) % sq;
+    const int hb = static_cast<int>((e / (skv * sq)) % p.bias_shape_h);
+    const int nb = static_cast<int>(e / (skv * sq * p.bias_shape_h));
+    const int n0 = p.bias_shape_b == 1 ? 0 : nb, n1 = p.bias_shape_b == 1 ? p.b : nb + 1;
+    const int h0 = p.bias_shape_h == 1 ? 0 : hb, h1 = p.bias_shape_h == 1 ? p.h_q : hb + 1;
+    float s = 0.f;
+    for (int n = n0; n < n1; ++n)
+      for (int h = h0; h < h1; ++h) s += p.ws_dbias[((static_cast<int64_t>(n) * p.h_q + h) * sq + i) * skv + j];
+    B* dst = static_cast<B*>(p.d_bias) + nb * p.dbias_b + hb * p.dbias_h + i * p.dbias_i + j * p.dbias_j;
+    if constexpr (sizeof(B) == 4) {
+      *dst = s;
+    } else {
+      *dst = ElemTraits<B>::from_float(s);
+    }
+  }
+}
+
+__global__ void rng_state_kernel(const uint64_t* rng_in, int64_t in_stride, uint64_t seed, uint64_t offset,
+                                 uint64_t* rng_state, int64_t out_stride) {
+  if (rng_in) {
+    seed = rng_in[0];
+    offset = rng_in[in_stride];
+  }
+  rng_state[0] = seed;
+  rng_state[out_stride] = offset;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
+  switch (which) {
+    case kSmallPreprocess: {
+      if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
+      bwd_preprocess_kernel<T><<<dim3(p.n_pre_blocks, p.h_q, p.b), kPreThreads, 0, stream>>>(p);
+      break;
+    }
+    case kSmallDSinks:
+      if (p.h_q == 0) return cudaSuccess;
+      dsinks_finalize_kernel<<<p.h_q, 32, 0, stream>>>(p);
+      break;
+    case kSmallDBias: {
+      const int64_t total = static_cast<int64_t>(p.bias_shape_b) * p.bias_shape_h * p.s_q * p.s_kv;
+      if (total == 0) return cudaSuccess;
+      const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
+      if (p.bias_f32)
+        dbias_reduce_kernel<float><<<blocks, 256, 0, stream>>>(p);
+      else
+        dbias_reduce_kernel<T><<<blocks, 256, 0, stream>>>(p);
+      break;
+    }
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_bwd_small<__half>(const Params&, int, cudaStream_t);
+template cudaError_t launch_bwd_small<__nv_bfloat16>(const Params&, int, cudaStream_t);
+
+cudaError_t launch_rng_state(const uint64_t* rng_in, int64_t in_stride, uint64_t seed, uint64_t offset,
+                             uint64_t* rng_state, int64_t out_stride, cudaStream_t stream) {
+  rng_state_kernel<<<1, 1, 0, stream>>>(rng_in, in_stride, seed, offset, rng_state, out_stride);
+  return cudaGetLastError();
+}
+
+}  // namespace sinkattn::cuda

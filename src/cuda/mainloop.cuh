@@ -1,0 +1,57 @@
+// CUDA backend: the two warp-level tensor-core products every kernel is made of (sm_80 mma.sync path).
+// A Hopper (wgmma) mainloop replaces these and the loads around them; masks, sinks, dropout and the
+// epilogue do not change.
+//   gemm_abt: acc(16 x N) += A(16 x K) * B(N x K)^T   (S = Q K^T, S^T = K Q^T, dP = dO V^T, dP^T = V dO^T)
+//   gemm_pb:  acc(16 x N) += P(16 x K) * B(K x N)     (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q)
+// A and B are row-major tiles in shared memory with row stride LD (elements); P comes from fp32 C fragments
+// and is rounded to the input dtype (as FlashAttention does).
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace sinkattn::cuda {
+
+template <typename T, int NT, int KD, int LD>
+__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const T* sA, const T* sB, int lane) {
+  static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, sA + (lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+      ElemTraits<T>::mma(acc[2 * np], a, b[0], b[1]);
+      ElemTraits<T>::mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+template <typename T, int NK, int NO, int LD>
+__device__ __forceinline__ void gemm_pb(float (&acc)[NO][4], const float (&p)[NK][4], const T* sB, int lane) {
+  static_assert(NK % 2 == 0 && NO % 2 == 0, "tile shape");
+#pragma unroll
+  for (int kc = 0; kc < NK / 2; ++kc) {
+    uint32_t a[4];
+    a[0] = ElemTraits<T>::pack(p[2 * kc][0], p[2 * kc][1]);
+    a[1] = ElemTraits<T>::pack(p[2 * kc][2], p[2 * kc][3]);
+    a[2] = ElemTraits<T>::pack(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+    a[3] = ElemTraits<T>::pack(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + np * 16 + (lane / 16) * 8);
+      ElemTraits<T>::mma(acc[2 * np], a, b[0], b[1]);
+      ElemTraits<T>::mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+}
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,149 @@
+// CUDA backend: the kernel-side description of one call (filled from sinkattn::Call by cuda_backend.cu),
+// per-sequence bounds read from the device batch tensors, and the tile shapes of each kernel.
+#pragma once
+
+#include <cstdint>
+
+namespace sinkattn::cuda {
+
+struct RowStrides3 {
+  int64_t b, s, h;  // DESIGN.md "Row addressing": ptr[n * b + (start + i) * s + h_idx * h + col]
+};
+
+struct Params {
+  // ---- tensors (device pointers; nullptr when the plan marks them absent) ----
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;            // forward: written; backward: read (D_i = dot(d_out_i, out_i), SPEC 3)
+  float* softmax_lse;   // forward: written; backward: read
+  const void* d_out;
+  const float* d_lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* d_sinks;
+  const void* bias;
+  void* d_bias;
+  const float* sinks;
+  int64_t sinks_stride;
+
+  RowStrides3 q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;
+  int64_t lse_b, lse_h, lse_s;
+  int64_t dlse_b, dlse_h, dlse_s;
+  int64_t bias_b, bias_h, bias_i, bias_j;
+  int64_t dbias_b, dbias_h, dbias_i, dbias_j;
+  int bias_f32;     // bias / d_bias are fp32 (else the dtype of q)
+  int bias_shape_b, bias_shape_h;  // 1 (broadcast) or b / h_q
+
+  // ---- batch description (SPEC 1): int32 device tensors ----
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_kv;
+  const int* seqused_kv;
+  const int* seqlens_q;
+  const int* seqlens_kv;
+  int64_t cu_q_st, cu_kv_st, seqused_st, seqlens_q_st, seqlens_kv_st;
+  int varlen;
+
+  // ---- sizes ----
+  int b, s_q, s_kv, h_q, h_kv, group, d, d_v;  // s_q / s_kv: dense extents or varlen max_seqlen
+  int64_t rows_total_q;                        // rows of the per-row workspace arrays (b * s_q or total_q)
+
+  // ---- options ----
+  int softmax_type;  // sinkattn_softmax_type_t
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+  int window_left, window_right;  // < 0: unbounded
+  int align_bottom_right;
+  int dropout;
+  uint32_t dropout_threshold;
+  float dropout_rscale;  // 1 / (1 - p)
+  const uint64_t* rng_in;  // forward: rng_seed_offset (may be null); backward: rng_state
+  int64_t rng_in_stride;
+  uint64_t seed, offset;   // used when rng_in is null
+
+  // ---- workspace (backward) ----
+  float* ws_lse2;      // [h_q][rows_total_q]: LSE * log2(e), +inf for rows that see nothing / padding
+  float* ws_dp;        // [h_q][rows_total_q]: D_i - d_lse_i
+  float* ws_dsink;     // [h_q][b][n_pre_blocks]: per-block partial sums of d_sinks
+  float* ws_dbias;     // [b][h_q][s_q][s_kv]: dS (fp32), reduced over broadcast dims afterwards
+  int n_pre_blocks;
+};
+
+// One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths").
+struct SeqInfo {
+  int64_t q_start, kv_start;  // first global row (varlen) or 0 (dense)
+  int len_q, len_kv;          // actual query rows / keys used
+  int rows_q, rows_kv;        // rows this sequence owns in q/out/dq and k/v/dk/dv (dense: s_q, s_kv)
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const Params& p, int n) {
+  SeqInfo s;
+  if (p.varlen) {
+    const int q0 = p.cu_seqlens_q[n * p.cu_q_st], q1 = p.cu_seqlens_q[(n + 1) * p.cu_q_st];
+    const int k0 = p.cu_seqlens_kv[n * p.cu_kv_st], k1 = p.cu_seqlens_kv[(n + 1) * p.cu_kv_st];
+    s.q_start = q0;
+    s.kv_start = k0;
+    s.len_q = q1 - q0;
+    s.rows_q = s.len_q;
+    s.rows_kv = k1 - k0;
+    s.len_kv = p.seqused_kv ? min(p.seqused_kv[n * p.seqused_st], s.rows_kv) : s.rows_kv;
+  } else {
+    s.q_start = 0;
+    s.kv_start = 0;
+    s.rows_q = p.s_q;
+    s.rows_kv = p.s_kv;
+    s.len_q = p.seqlens_q ? min(p.seqlens_q[n * p.seqlens_q_st], p.s_q) : p.s_q;
+    s.len_kv = p.seqlens_kv ? min(p.seqlens_kv[n * p.seqlens_kv_st], p.s_kv) : p.s_kv;
+  }
+  return s;
+}
+
+// sigma of SPEC 2 for query head h: sinks[h] (learnable), 0 (off_by_one), -inf (vanilla).
+__device__ __forceinline__ float sink_value(const Params& p, int h) {
+  if (p.softmax_type == 2) return p.sinks[h * p.sinks_stride];
+  if (p.softmax_type == 1) return 0.f;
+  return -INFINITY;
+}
+
+// Index of the per-row workspace arrays for (n, i).
+__device__ __forceinline__ int64_t ws_row(const Params& p, const SeqInfo& s, int n, int i) {
+  return p.varlen ? s.q_start + i : static_cast<int64_t>(n) * p.s_q + i;
+}
+
+// ---- tile shapes ----
+// Forward and dq kernels: one warp owns 16 query rows; BLOCK_N keys per mainloop step.
+template <int HD>
+struct FwdTraits {
+  static constexpr int kWarps = HD <= 128 ? 8 : 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = HD <= 128 ? 64 : 32;
+  static constexpr int kStride = HD + 8;
+  // Q + double-buffered K and V
+  static constexpr int kSmem = (kBlockM + 4 * kBlockN) * kStride * 2;
+};
+
+template <int HD>
+struct DqTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = HD <= 128 ? 64 : 32;
+  static constexpr int kStride = HD + 8;
+  // Q, dO + double-buffered K and V
+  static constexpr int kSmem = (2 * kBlockM + 4 * kBlockN) * kStride * 2;
+};
+
+// dK/dV kernel: one warp owns 16 keys; BLOCK_M query rows per step (double-buffered Q, dO, LSE, D).
+template <int HD>
+struct DkvTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = 16 * kWarps;
+  static constexpr int kBlockM = HD <= 128 ? 64 : 32;
+  static constexpr int kStride = HD + 8;
+  static constexpr int kSmem = (2 * kBlockN + 4 * kBlockM) * kStride * 2 + 4 * kBlockM * 4;
+};
+
+}  // namespace sinkattn::cuda

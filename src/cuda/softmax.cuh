@@ -1,0 +1,63 @@
+// CUDA backend: online softmax with the sink as an already-seen key (SPEC.md section 2; NOTES-kernels.md).
+// Scores are kept in base 2: x = S * log2(e). Each row starts as if the sink were a key with score sigma and
+// value 0: m = sigma * log2(e), l = 1 (vanilla: m = -inf, l = 0). So the stable maximum includes sigma from
+// the first tile, a row with no visible key ends with out = 0 and LSE = sigma, and
+//   LSE = (m + log2(l)) * ln(2) = log(exp(sigma) + sum_j exp(S_ij)).
+// A row whose maximum is still -inf (vanilla, nothing visible yet) uses 0 as its reference so that
+// exp2(x - m) never evaluates -inf - (-inf).
+// Each thread holds two rows (g and g + 8 of its warp's 16) and a partial l over its columns; partial l's
+// are summed over the quad of 4 threads sharing a row at the end. The sink's 1 is counted by lane t == 0.
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace sinkattn::cuda {
+
+template <int NT>  // n-tiles of 8 keys per step
+struct OnlineSoftmax {
+  float m[2];
+  float l[2];
+
+  __device__ __forceinline__ void init(float sigma, int lane) {
+    const float m0 = sigma * kLog2e;  // the sink is never scaled by softmax_scale (SPEC 2)
+    m[0] = m[1] = m0;
+    l[0] = l[1] = (m0 != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
+  }
+
+  // s: base-2 scores of this step (masked = -inf). Replaces s by p = exp2(s - m_new) and returns the
+  // factors alpha = exp2(m_old - m_new) that the output accumulator must be multiplied by.
+  __device__ __forceinline__ void step(float (&s)[NT][4], float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = quad_max(mx);
+      const float ref = mx == -INFINITY ? 0.f : mx;
+      alpha[r] = fast_exp2(m[r] - ref);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - ref);
+        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - ref);
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+  }
+
+  // Row r: 1 / l (0 for an empty vanilla row, giving out = 0) and the natural-log LSE (-inf when empty).
+  __device__ __forceinline__ void finalize(int r, float& inv_l, float& lse) const {
+    const float lt = quad_sum(l[r]);
+    if (lt > 0.f) {
+      inv_l = 1.f / lt;
+      lse = (m[r] + __log2f(lt)) * kLn2;
+    } else {
+      inv_l = 0.f;
+      lse = -INFINITY;
+    }
+  }
+};
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,157 @@
+// Timing of the CUDA backend through the C ABI (used by tools/gpu-check.sh next to `sinkattn bench`):
+// bf16, b = 2, s = 4096, causal, the shapes of bench/RESULTS.md. CUDA events around `reps` calls after
+// warm-up, inputs rotated over several sets so they are not all in L2. FLOPs (NOTES-kernels.md):
+// forward 4 * b * h_q * d * (visible pairs), backward 2.5x that.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sinkattn/sinkattn.h"
+
+#define CK(x)                                                                             \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+struct Shape {
+  const char* name;
+  int b, s, h_q, h_kv, d;
+  int64_t window_left;
+  bool sinks;
+};
+
+sinkattn_tensor_t t4(void* p, sinkattn_dtype_t dt, int64_t a, int64_t b, int64_t c, int64_t d) {
+  const int64_t shape[4] = {a, b, c, d};
+  return sinkattn_make_tensor(p, dt, 4, shape, nullptr);
+}
+
+void* dalloc_random(size_t elems, std::mt19937& rng) {
+  std::vector<uint16_t> h(elems);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : h) {
+    float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  void* p;
+  CK(cudaMalloc(&p, elems * 2));
+  CK(cudaMemcpy(p, h.data(), elems * 2, cudaMemcpyHostToDevice));
+  return p;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const Shape shapes[] = {{"gpt-oss-full", 2, 4096, 64, 8, 64, -1, true},
+                          {"gpt-oss-sliding", 2, 4096, 64, 8, 64, 127, true},
+                          {"mha-d128", 2, 4096, 32, 32, 128, -1, false}};
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);
+  std::printf("%-16s %10s %10s %10s %10s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms");
+  std::mt19937 rng(1);
+  for (const Shape& sh : shapes) {
+    const int kSets = 3;
+    const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;
+    std::vector<void*> q(kSets), k(kSets), v(kSets), dout(kSets);
+    for (int i = 0; i < kSets; ++i) {
+      q[i] = dalloc_random(nq, rng);
+      k[i] = dalloc_random(nk, rng);
+      v[i] = dalloc_random(nk, rng);
+      dout[i] = dalloc_random(nq, rng);
+    }
+    void *out, *dq, *dk, *dv, *lse, *sinks, *dsinks;
+    CK(cudaMalloc(&out, nq * 2));
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, nk * 2));
+    CK(cudaMalloc(&dv, nk * 2));
+    CK(cudaMalloc(&lse, size_t(sh.b) * sh.h_q * sh.s * 4));
+    CK(cudaMalloc(&sinks, sh.h_q * 4));
+    CK(cudaMalloc(&dsinks, sh.h_q * 4));
+    std::vector<float> hs(sh.h_q, std::log(float(sh.s)));
+    CK(cudaMemcpy(sinks, hs.data(), sh.h_q * 4, cudaMemcpyHostToDevice));
+    sinkattn_params_t p;
+    sinkattn_params_init(&p);
+    p.out = t4(out, SINKATTN_BF16, sh.b, sh.s, sh.h_q, sh.d);
+    const int64_t lshape[3] = {sh.b, sh.h_q, sh.s};
+    p.softmax_lse = sinkattn_make_tensor(lse, SINKATTN_F32, 3, lshape, nullptr);
+    p.dq = t4(dq, SINKATTN_BF16, sh.b, sh.s, sh.h_q, sh.d);
+    p.dk = t4(dk, SINKATTN_BF16, sh.b, sh.s, sh.h_kv, sh.d);
+    p.dv = t4(dv, SINKATTN_BF16, sh.b, sh.s, sh.h_kv, sh.d);
+    const int64_t hshape[1] = {sh.h_q};
+    if (sh.sinks) {
+      p.softmax_type = SINKATTN_SOFTMAX_LEARNABLE;
+      p.sinks = sinkattn_make_tensor(sinks, SINKATTN_F32, 1, hshape, nullptr);
+      p.d_sinks = sinkattn_make_tensor(dsinks, SINKATTN_F32, 1, hshape, nullptr);
+    }
+    p.window_right = 0;
+    p.window_left = sh.window_left;
+    p.backend = SINKATTN_BACKEND_CUDA;
+    auto set = [&](int i) {
+      p.q = t4(q[i], SINKATTN_BF16, sh.b, sh.s, sh.h_q, sh.d);
+      p.k = t4(k[i], SINKATTN_BF16, sh.b, sh.s, sh.h_kv, sh.d);
+      p.v = t4(v[i], SINKATTN_BF16, sh.b, sh.s, sh.h_kv, sh.d);
+      p.d_out = t4(dout[i], SINKATTN_BF16, sh.b, sh.s, sh.h_q, sh.d);
+    };
+    set(0);
+    size_t wsf = 0, wsb = 0;
+    if (sinkattn_forward_workspace_size(&p, &wsf) || sinkattn_backward_workspace_size(&p, &wsb)) {
+      std::printf("%s: %s\n", sh.name, sinkattn_last_error());
+      continue;
+    }
+    void* ws = nullptr;
+    const size_t wsz = std::max(wsf, wsb);
+    if (wsz) CK(cudaMalloc(&ws, wsz));
+    p.workspace = ws;
+    p.workspace_bytes = wsz;
+    double pairs = 0;
+    for (int i = 0; i < sh.s; ++i) pairs += sh.window_left < 0 ? i + 1 : std::min<int64_t>(i + 1, sh.window_left + 1);
+    const double fwd_flop = 4.0 * sh.b * sh.h_q * sh.d * pairs;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto time_it = [&](bool bwd) {
+      std::vector<float> ts;
+      for (int r = 0; r < reps + 3; ++r) {
+        set(r % kSets);
+        CK(cudaEventRecord(e0));
+        const sinkattn_status_t st = bwd ? sinkattn_backward(&p) : sinkattn_forward(&p);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        if (st != SINKATTN_OK) {
+          std::printf("%s: %s\n", sh.name, sinkattn_last_error());
+          std::exit(1);
+        }
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3) ts.push_back(ms);
+      }
+      std::sort(ts.begin(), ts.end());
+      return ts[ts.size() / 2];
+    };
+    const float f = time_it(false);
+    const float b = time_it(true);
+    std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %10.3f\n", sh.name, f, fwd_flop / f * 1e-9, b,
+                2.5 * fwd_flop / b * 1e-9, f + b);
+    for (int i = 0; i < kSets; ++i) {
+      cudaFree(q[i]);
+      cudaFree(k[i]);
+      cudaFree(v[i]);
+      cudaFree(dout[i]);
+    }
+    for (void* x : {out, dq, dk, dv, lse, sinks, dsinks, ws}) cudaFree(x);
+  }
+  return 0;
+}
