@@ -1,0 +1,63 @@
+// The CPU backend: host memory, fp32 / fp16 / bf16 inputs with fp32 accumulation, every feature of SPEC.md
+// sections 2-3, always deterministic (the passes are in cpu_forward.cpp and cpu_backward.cpp).
+#include <omp.h>
+
+#include <string>
+
+#include "core/backend.hpp"
+#include "cpu/cpu_passes.hpp"
+
+namespace sinkattn {
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 512;
+
+class CpuBackend final : public Backend {
+ public:
+  sinkattn_backend_t id() const override { return SINKATTN_BACKEND_CPU; }
+  const char* name() const override { return "cpu"; }
+
+  Status supports(const Call& c) const override {
+    if (c.memory == Memory::kDevice)
+      return unsupported("cpu: tensors are in device memory (the CPU backend reads host memory only)");
+    if (c.dtype != SINKATTN_F32 && c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16)
+      return unsupported("cpu: dtype of q must be fp32, fp16 or bf16");
+    if (c.d < 1 || c.d > kMaxHeadDim)
+      return unsupported("cpu: head dim d = " + std::to_string(c.d) + " not supported (supported: 1 .. " +
+                         std::to_string(kMaxHeadDim) + ")");
+    if (c.d_v < 1 || c.d_v > kMaxHeadDim)
+      return unsupported("cpu: head dim d_v = " + std::to_string(c.d_v) + " not supported (supported: 1 .. " +
+                         std::to_string(kMaxHeadDim) + ")");
+    if (c.plan.bias == Use::kRequired && c.bias_dtype != SINKATTN_F32 && c.bias_dtype != c.dtype)
+      return unsupported("cpu: bias dtype must be fp32 or the dtype of q");
+    return Status::ok();
+  }
+
+  Status workspace_size(const Call& c, size_t* bytes) const override {
+    *bytes = c.pass == Pass::kForward ? cpu::forward_workspace_bytes(c) : cpu::backward_workspace_bytes(c);
+    return Status::ok();
+  }
+
+  Status run(const Call& c) const override {
+    return c.pass == Pass::kForward ? cpu::run_forward(c) : cpu::run_backward(c);
+  }
+
+  std::string describe() const override {
+    return "cpu: host memory; dtypes fp32, fp16, bf16 (fp32 accumulation); head dims d, d_v 1.." +
+           std::to_string(kMaxHeadDim) +
+           "; softmax vanilla / off_by_one / learnable sinks; dense, padded and varlen batches; GQA/MQA; "
+           "windows and causal (both alignments); post-scale bias with broadcast; dropout (Philox4x32-10); "
+           "d_lse; always deterministic; OpenMP threads: " +
+           std::to_string(omp_get_max_threads());
+  }
+};
+
+}  // namespace
+
+const Backend* cpu_backend() {
+  static const CpuBackend backend;
+  return &backend;
+}
+
+}  // namespace sinkattn

@@ -1,0 +1,204 @@
+// CPU forward: tiled online softmax with the sink as an already-seen key (SPEC.md section 2).
+//
+// One task per (sequence n, query head h, block of kBlockQ query rows), run with OpenMP. Per row the state starts
+// as if the sink were a seen key with score sigma and value 0: m = sigma, l = 1, acc = 0 (vanilla: m = -inf,
+// l = 0). For each kBlockK-key tile of the block's visible band:
+//     S_ij = softmax_scale * dot(q_i, k_j) + bias_ij     (visible j only; -inf elsewhere)
+//     m'   = max(m, max_j S_ij),  alpha = exp(m - m'),  P_ij = exp(S_ij - m')
+//     l    = alpha * l + sum_j P_ij,  acc = alpha * acc + sum_j P_ij * keep_ij / (1 - p) * v_j
+// and at the end out_i = acc / l, LSE_i = m + log(l). A row with no visible key keeps m = sigma, l = 1 and ends
+// with out = 0, LSE = sigma (vanilla: l = 0 -> out = 0, LSE = -inf). Dense padding rows get the same values.
+// K and V are converted once to fp32 panels in the workspace (cpu_panels.hpp); only the key tiles that
+// intersect the block's visible band are visited, so a sliding window costs O(s * window).
+#include <cmath>
+#include <cstring>
+
+#include "cpu/cpu_common.hpp"
+#include "cpu/cpu_panels.hpp"
+#include "cpu/cpu_passes.hpp"
+
+namespace sinkattn::cpu {
+
+// K transposed and V rows in fp32 (cpu_panels.hpp).
+static KvPanels forward_panels(const Call& c) { return KvPanels(c, /*kt=*/true, /*k=*/false, /*v=*/true, /*vt=*/false); }
+
+size_t forward_workspace_bytes(const Call& c) { return static_cast<size_t>(forward_panels(c).floats()) * sizeof(float); }
+
+namespace {
+
+// Reads the forward's seed / offset (SPEC.md section 2, dropout): rng_seed_offset when given, otherwise the
+// scalars of the params; writes rng_state = {seed, offset} when given.
+void resolve_rng(const Call& c, Ctx* ctx) {
+  const sinkattn_params_t& p = *c.p;
+  ctx->seed = p.seed;
+  ctx->offset = p.offset;
+  if (p.rng_seed_offset.rank > 0 && p.rng_seed_offset.data != nullptr) {
+    const int64_t* t = static_cast<const int64_t*>(p.rng_seed_offset.data);
+    ctx->seed = static_cast<uint64_t>(t[0]);
+    ctx->offset = static_cast<uint64_t>(t[p.rng_seed_offset.strides[0]]);
+  }
+  if (p.rng_state.rank > 0 && p.rng_state.data != nullptr) {
+    int64_t* t = static_cast<int64_t*>(p.rng_state.data);
+    t[0] = static_cast<int64_t>(ctx->seed);
+    t[p.rng_state.strides[0]] = static_cast<int64_t>(ctx->offset);
+  }
+}
+
+struct FwdTiles {
+  float *q, *s, *acc, *m, *l, *brow, *drow, *tmp;
+};
+
+void forward_block(const Ctx& x, const KvPanels& kv, FwdTiles& t, int64_t n, int64_t h, int64_t qb) {
+  const Call& c = x.c;
+  const sinkattn_params_t& p = x.p;
+  const SeqBounds& sb = x.seq[n];
+  const int64_t i0 = qb * kBlockQ;
+  const int64_t nr_total = std::min<int64_t>(kBlockQ, x.alloc_q[n] - i0);  // rows this task writes
+  if (nr_total <= 0) return;
+  const int64_t nr = std::clamp<int64_t>(sb.len_q - i0, 0, nr_total);      // rows that are not padding
+  const float sigma = x.sink(h);
+  const float empty_lse = sigma;  // LSE of a row that sees no key: sigma, 0 (off_by_one), -inf (vanilla)
+  const int64_t kvh = h / c.group;
+  const int64_t d = c.d, dv = c.d_v, dp = x.dp, dvp = x.dvp;
+  const float scale = c.softmax_scale;
+  const bool has_bias = c.plan.bias == Use::kRequired;
+  const bool dropout = c.plan.dropout;
+
+  // Padding rows of a dense batch: out = 0, LSE = the empty-row value (SPEC.md section 2).
+  for (int64_t r = nr; r < nr_total; ++r) {
+    const int64_t row = x.q_row(n, i0 + r);
+    zero_row(x.out_row(p.out, c.out, n, row, h), c.dtype, dv);
+    *x.lse_ptr(p.softmax_lse, c.lse, n, h, row) = empty_lse;
+  }
+  if (nr == 0) return;
+
+  RowRanges rr;
+  rr.compute(c, i0, nr, sb.len_q, sb.len_kv);
+
+  for (int64_t r = 0; r < nr; ++r) {
+    t.m[r] = sigma;
+    t.l[r] = sigma > -INFINITY ? 1.f : 0.f;
+  }
+  std::memset(t.acc, 0, sizeof(float) * static_cast<size_t>(nr * dvp));
+
+  if (rr.klo < rr.khi) {
+    load_tile(c.dtype, nr, d, dp, t.q, [&](int64_t r) { return x.in_row(p.q, c.q, n, x.q_row(n, i0 + r), h); });
+  }
+  uint8_t active[kBlockQ];  // row r has a nonzero P in the current tile
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int64_t j0 = rr.klo; j0 < rr.khi; j0 += kBlockK) {
+    const int64_t jn = std::min<int64_t>(kBlockK, rr.khi - j0);
+    const int64_t jnp = round_up8(jn);
+    // S = Q K^T (unscaled dot products; columns past jn are discarded below).
+    gemm_tile<false>(t.s, kBlockK, t.q, dp, 1, kv.kt_at(n, kvh, j0), kv.ld(x, n), nr, jnp, d);
+
+    for (int64_t r = 0; r < nr; ++r) {
+      float* s = t.s + r * kBlockK;
+      int64_t a, e;
+      rr.cols(r, j0, jn, &a, &e);
+      active[r] = 0;
+      if (a >= e) {  // this row sees no key of this tile: P = 0, state unchanged
+        std::memset(s, 0, sizeof(float) * static_cast<size_t>(jnp));
+        continue;
+      }
+      if (has_bias) load_bias_row(c, n, h, i0 + r, j0, a, e, jnp, t.brow);
+      // S_ij = scale * dot + bias on visible columns, -inf elsewhere (the masked value is replaced, not scaled).
+      __m256 vmax = neg_inf;
+      for (int64_t jj = 0; jj < jnp; jj += 8) {
+        __m256 sv = _mm256_mul_ps(_mm256_loadu_ps(s + jj), vscale);
+        if (has_bias) sv = _mm256_add_ps(sv, _mm256_loadu_ps(t.brow + jj));
+        sv = _mm256_blendv_ps(neg_inf, sv, range_mask(jj, a, e));
+        _mm256_storeu_ps(s + jj, sv);
+        vmax = _mm256_max_ps(vmax, sv);
+      }
+      const float m_old = t.m[r];
+      const float m_new = std::max(m_old, hmax_ps(vmax));
+      if (m_new == -INFINITY) {  // every logit so far is -inf (and no sink): nothing seen yet
+        std::memset(s, 0, sizeof(float) * static_cast<size_t>(jnp));
+        continue;
+      }
+      active[r] = 1;
+      const __m256 vm = _mm256_set1_ps(m_new);
+      __m256 vsum = _mm256_setzero_ps();
+      for (int64_t jj = 0; jj < jnp; jj += 8) {
+        const __m256 pv = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + jj), vm));
+        _mm256_storeu_ps(s + jj, pv);
+        vsum = _mm256_add_ps(vsum, pv);
+      }
+      const float alpha = m_old == -INFINITY ? 0.f : std::exp(m_old - m_new);
+      t.l[r] = t.l[r] * alpha + hsum_ps(vsum);
+      t.m[r] = m_new;
+      if (alpha != 1.f) {
+        float* acc = t.acc + r * dvp;
+        const __m256 va = _mm256_set1_ps(alpha);
+        for (int64_t col = 0; col < dvp; col += 8) _mm256_storeu_ps(acc + col, _mm256_mul_ps(_mm256_loadu_ps(acc + col), va));
+      }
+      if (dropout) {  // the normaliser l uses the undropped P; the value sum uses P * keep / (1 - p)
+        dropout_row(c, x.seed, x.offset, x.rdrop, n, h, i0 + r, j0, a, e, t.drow);
+        for (int64_t jj = a; jj < e; ++jj) s[jj] *= t.drow[jj];
+      }
+    }
+    // acc += P V (keys j0 .. j0 + jn - 1 all lie in the block's visible band). P is exactly 0 where a row does not
+    // see a key; that is exact when every V row of the tile is finite, otherwise each row sums its own keys only.
+    if (kv.v_finite(n, kvh, j0, jn)) {
+      gemm_tile<true>(t.acc, dvp, t.s, kBlockK, 1, kv.v_at(n, kvh, j0), dvp, nr, dvp, jn);
+    } else {
+      gemm_tile_ranged(t.acc, dvp, t.s, kBlockK, 1, kv.v_at(n, kvh, j0), dvp, nr, dvp,
+                       [&](int64_t r, int64_t* lo, int64_t* hi) {
+                         rr.cols(r, j0, jn, lo, hi);
+                         if (!active[r]) *hi = *lo;
+                       });
+    }
+  }
+
+  // Finalize: out = acc / l, LSE = m + log(l).
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t row = x.q_row(n, i0 + r);
+    const float l = t.l[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? static_cast<float>(static_cast<double>(t.m[r]) + std::log(static_cast<double>(l)))
+                              : -INFINITY;
+    store_row_scaled(t.acc + r * dvp, dv, inv, x.out_row(p.out, c.out, n, row, h), c.dtype, t.tmp);
+    *x.lse_ptr(p.softmax_lse, c.lse, n, h, row) = lse;
+  }
+}
+
+}  // namespace
+
+Status run_forward(const Call& c) {
+  Ctx x(c);
+  resolve_rng(c, &x);
+  const int64_t tasks = c.b * c.h_q * x.nqb;
+  if (tasks == 0) return Status::ok();
+  KvPanels kv = forward_panels(c);
+  if (kv.floats() > 0 && c.p->workspace == nullptr) return internal_error("cpu forward: workspace is NULL");
+  kv.bind(static_cast<float*>(c.p->workspace));
+  kv.fill(x);
+  const size_t floats = scratch_floats({size_t(kBlockQ * x.dp), size_t(kBlockQ * kBlockK), size_t(kBlockQ * x.dvp), size_t(kBlockQ),
+                                        size_t(kBlockQ), size_t(kBlockK), size_t(kBlockK),
+                                        size_t(std::max(x.dp, x.dvp))});
+#pragma omp parallel num_threads(x.threads)
+  {
+    Scratch sc(floats);
+    FwdTiles t;
+    t.q = sc.take(size_t(kBlockQ * x.dp));
+    t.s = sc.take(size_t(kBlockQ * kBlockK));
+    t.acc = sc.take(size_t(kBlockQ * x.dvp));
+    t.m = sc.take(size_t(kBlockQ));
+    t.l = sc.take(size_t(kBlockQ));
+    t.brow = sc.take(size_t(kBlockK));
+    t.drow = sc.take(size_t(kBlockK));
+    t.tmp = sc.take(size_t(std::max(x.dp, x.dvp)));
+    // Task order: query blocks from the last (the most keys under a causal mask) to the first, for balance.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t qb = x.nqb - 1 - task % x.nqb;
+      const int64_t nh = task / x.nqb;
+      forward_block(x, kv, t, nh / c.h_q, nh % c.h_q, qb);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace sinkattn::cpu
