@@ -1,0 +1,254 @@
+"""Loading of the sinkattn libraries, FFI target registration and trace-time workspace queries.
+
+The FFI handlers live in ``libsinkattn_jax_ffi.so`` (python/ffi/), which links ``libsinkattn.so`` (the C ABI of
+include/sinkattn/sinkattn.h). Only the handler library is opened with ctypes; the C ABI functions are looked up
+through its handle (``dlsym`` searches a library's dependencies too), so one copy of the library (one thread-local
+``sinkattn_last_error``, one CUDA context user) serves both the handlers and the Python side.
+
+Search order for the handler library:
+  1. ``$SINKATTN_JAX_FFI_LIBRARY`` (a path to libsinkattn_jax_ffi.so), for development builds;
+  2. the installed package: ``sinkattn/lib*/libsinkattn_jax_ffi.so`` (what ``pip install .`` puts there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "SinkattnError",
+    "library",
+    "has_cuda",
+    "platforms",
+    "workspace_size",
+    "FORWARD_TARGET",
+    "BACKWARD_TARGET",
+]
+
+FORWARD_TARGET = "sinkattn_jax_forward"
+BACKWARD_TARGET = "sinkattn_jax_backward"
+
+# Enum values of include/sinkattn/sinkattn.h.
+F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
+SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "learnable": 2}
+ALIGNMENTS = {"bottom_right": 0, "top_left": 1}
+BACKEND_CPU, BACKEND_CUDA = 1, 2
+MAX_RANK = 4
+
+# Operand bits of the handler protocol (python/ffi/ffi_handlers.cpp).
+OP_SINKS, OP_BIAS, OP_D_LSE, OP_CU_SEQLENS = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+OP_SEQUSED_KV, OP_SEQLENS_Q, OP_SEQLENS_KV, OP_RNG = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+
+
+class SinkattnError(ValueError):
+    """An invalid call, with the message of the sinkattn library (SPEC.md section 4)."""
+
+
+class Tensor(ctypes.Structure):
+    """Mirror of sinkattn_tensor_t."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("strides", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class Params(ctypes.Structure):
+    """Mirror of sinkattn_params_t (checked against the C layout by sinkattn_jax_params_layout at load)."""
+
+    _fields_ = [
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("sinks", Tensor), ("bias", Tensor),
+        ("cu_seqlens_q", Tensor), ("cu_seqlens_kv", Tensor), ("seqused_kv", Tensor),
+        ("seqlens_q", Tensor), ("seqlens_kv", Tensor),
+        ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_kv", ctypes.c_int64),
+        ("out", Tensor), ("softmax_lse", Tensor),
+        ("d_out", Tensor), ("d_lse", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("d_sinks", Tensor), ("d_bias", Tensor),
+        ("softmax_type", ctypes.c_int), ("softmax_scale", ctypes.c_float),
+        ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+        ("mask_alignment", ctypes.c_int),
+        ("dropout_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+        ("rng_seed_offset", Tensor), ("rng_state", Tensor),
+        ("deterministic", ctypes.c_int32), ("backend", ctypes.c_int), ("stream", ctypes.c_void_p),
+        ("num_threads", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("SINKATTN_JAX_FFI_LIBRARY")
+    if env:
+        return [env]
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../sinkattn
+    found = []
+    for sub in ("lib", "lib64", "lib/*", ""):
+        found += sorted(glob.glob(os.path.join(pkg, sub, "libsinkattn_jax_ffi.so")))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    """The loaded handler library (with the C ABI reachable through it); FFI targets registered."""
+    paths = _candidates()
+    if not paths:
+        raise ImportError(
+            "sinkattn: libsinkattn_jax_ffi.so not found. Install the package with `pip install .` (it builds the "
+            "C++ library) or point SINKATTN_JAX_FFI_LIBRARY at a build of python/ffi.")
+    import jax
+
+    # Initialise JAX's backends (e.g. the CUDA PJRT plugin) before our library is loaded, and load it RTLD_LOCAL:
+    # libsinkattn links cudart statically, and its symbols must never interpose on the plugin's CUDA runtime.
+    jax.devices()
+    lib = ctypes.CDLL(paths[0], mode=ctypes.RTLD_LOCAL)
+    _declare(lib)
+    _check_layout(lib)
+    _register(lib)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p = ctypes.POINTER(Params)
+    lib.sinkattn_params_init.argtypes = [p]
+    lib.sinkattn_params_init.restype = None
+    for name in ("sinkattn_forward_workspace_size", "sinkattn_backward_workspace_size"):
+        fn = getattr(lib, name)
+        fn.argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
+        fn.restype = ctypes.c_int
+    lib.sinkattn_last_error.argtypes = []
+    lib.sinkattn_last_error.restype = ctypes.c_char_p
+    lib.sinkattn_version.restype = ctypes.c_char_p
+    lib.sinkattn_backend_available.argtypes = [ctypes.c_int]
+    lib.sinkattn_backend_available.restype = ctypes.c_int32
+    lib.sinkattn_philox4x32_10.argtypes = [ctypes.POINTER(ctypes.c_uint32)] * 3
+    lib.sinkattn_philox4x32_10.restype = None
+    lib.sinkattn_dropout_keep.argtypes = [ctypes.c_uint64, ctypes.c_uint64] + [ctypes.c_int64] * 7 + [
+        ctypes.c_double]
+    lib.sinkattn_dropout_keep.restype = ctypes.c_int32
+    lib.sinkattn_jax_params_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
+    lib.sinkattn_jax_params_layout.restype = ctypes.c_int32
+
+
+def _check_layout(lib: ctypes.CDLL) -> None:
+    buf = (ctypes.c_int64 * 16)()
+    n = lib.sinkattn_jax_params_layout(buf, 16)
+    mine = [ctypes.sizeof(Params), ctypes.sizeof(Tensor), Params.max_seqlen_q.offset, Params.out.offset,
+            Params.softmax_type.offset, Params.dropout_p.offset, Params.rng_state.offset,
+            Params.deterministic.offset, Params.workspace_bytes.offset]
+    if list(buf[:n]) != mine[:n] or n != len(mine):
+        raise ImportError(f"sinkattn: the ctypes mirror of sinkattn_params_t does not match the library "
+                          f"(C: {list(buf[:n])}, Python: {mine}); update python/sinkattn/jax/_ffi.py")
+
+
+def has_cuda() -> bool:
+    """Whether the loaded library was built with its CUDA backend."""
+    return bool(library().sinkattn_backend_available(BACKEND_CUDA))
+
+
+def _register(lib: ctypes.CDLL) -> None:
+    import jax.ffi
+
+    jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_forward_cpu), platform="cpu")
+    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_backward_cpu), platform="cpu")
+    if lib.sinkattn_backend_available(BACKEND_CUDA):
+        jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_forward_cuda),
+                                    platform="CUDA")
+        jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_backward_cuda),
+                                    platform="CUDA")
+
+
+@functools.lru_cache(maxsize=None)
+def platforms() -> tuple[str, ...]:
+    """Lowering platforms the op emits a call for: always "cpu"; "cuda" when the library has CUDA and JAX a GPU."""
+    import jax
+
+    out = ["cpu"]
+    if has_cuda():
+        try:
+            if jax.devices("gpu"):
+                out.append("cuda")
+        except RuntimeError:
+            pass
+    return tuple(out)
+
+
+def default_platform() -> str:
+    """JAX's default backend as a lowering platform name ("cpu" or "cuda")."""
+    import jax
+
+    return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+
+
+_DTYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32,
+           np.dtype(np.int64): I64, np.dtype(np.uint32): I64}
+
+
+def dtype_code(dtype) -> int:
+    import ml_dtypes
+
+    dtype = np.dtype(dtype)
+    if dtype == np.dtype(ml_dtypes.bfloat16):
+        return BF16
+    if dtype not in _DTYPES:
+        raise TypeError(f"sinkattn: unsupported dtype {dtype}")
+    return _DTYPES[dtype]
+
+
+def _shape_tensor(t: Tensor, shape: Sequence[int], dtype) -> None:
+    """A shape-only view (data NULL, row-major strides) for the size queries."""
+    dtype = np.dtype(dtype)
+    if dtype == np.dtype(np.uint32):  # u32[4] seed/offset words = the library's I64[2]
+        shape = (2,)
+    t.data = None
+    t.dtype = dtype_code(dtype)
+    t.rank = len(shape)
+    stride = 1
+    for i in reversed(range(len(shape))):
+        t.shape[i] = int(shape[i])
+        t.strides[i] = stride
+        stride *= int(shape[i])
+
+
+def workspace_size(backward: bool, platform: str, tensors: dict, options: dict) -> int:
+    """Bytes of scratch the call needs (sinkattn_{forward,backward}_workspace_size with NULL data pointers).
+
+    ``tensors`` maps sinkattn_params_t field names to (shape, dtype); ``options`` maps option fields to values.
+    Raises SinkattnError with the library's message when the call is invalid (SPEC.md section 4).
+    """
+    lib = library()
+    p = Params()
+    lib.sinkattn_params_init(ctypes.byref(p))
+    for name, (shape, dtype) in tensors.items():
+        _shape_tensor(getattr(p, name), shape, dtype)
+    for name, value in options.items():
+        setattr(p, name, value)
+    p.backend = BACKEND_CUDA if platform == "cuda" else BACKEND_CPU
+    size = ctypes.c_size_t(0)
+    fn = lib.sinkattn_backward_workspace_size if backward else lib.sinkattn_forward_workspace_size
+    status = fn(ctypes.byref(p), ctypes.byref(size))
+    if status != 0:
+        msg = lib.sinkattn_last_error().decode("utf-8", "replace")
+        raise SinkattnError(f"sinkattn: {msg}")
+    return int(size.value)
+
+
+def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> list[int]:
+    """The library's Philox4x32-10 (SPEC.md section 2), for cross-checking Python implementations."""
+    lib = library()
+    c = (ctypes.c_uint32 * 4)(*[int(x) & 0xFFFFFFFF for x in counter])
+    k = (ctypes.c_uint32 * 2)(*[int(x) & 0xFFFFFFFF for x in key])
+    o = (ctypes.c_uint32 * 4)()
+    lib.sinkattn_philox4x32_10(c, k, o)
+    return list(o)
+
+
+def default_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)

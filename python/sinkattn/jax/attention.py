@@ -1,0 +1,487 @@
+"""``sinkattn.jax.dot_product_attention``: fused attention with softmax sinks as XLA FFI custom calls.
+
+Forward and backward are one XLA custom call each (typed FFI API, handlers in python/ffi/ffi_handlers.cpp) on the
+CPU and, when the library has its CUDA backend and JAX a GPU, on CUDA (XLA's stream, no host synchronisation or
+allocation inside: CUDA-graph compatible). ``jax.custom_vjp`` connects them, so ``jax.grad`` gives dq, dk, dv,
+d_sinks and d_bias; ``jit``, ``vmap`` (sequential over the mapped axis) and ``grad`` compose. The library's scratch
+memory is an extra XLA output sized at trace time by the library's own size query (SPEC.md section 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+from .reference import resolve_window, rng_seed_offset_words
+
+__all__ = ["dot_product_attention", "poison_outputs_for_testing"]
+
+_POISON = [False]
+
+
+@contextlib.contextmanager
+def poison_outputs_for_testing(enabled: bool = True):
+    """Test hook: calls traced inside this context start with every output buffer filled with NaN (the NaN arrays
+    are aliased to the custom calls' outputs), so a library that skips writing some output element is caught."""
+    old = _POISON[0]
+    _POISON[0] = enabled
+    try:
+        yield
+    finally:
+        _POISON[0] = old
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Static options of one call (hashable: a nondiff argument of the custom_vjp)."""
+
+    softmax_type: int
+    softmax_scale: Optional[float]  # None: 1/sqrt(d)
+    window_left: int
+    window_right: int
+    mask_alignment: int
+    dropout_p: float
+    deterministic: bool
+    varlen: bool
+    max_seqlen_q: int
+    max_seqlen_kv: int
+    return_lse: bool
+    poison: bool
+
+    def attrs(self, operands: int) -> dict:
+        return dict(
+            softmax_type=np.int32(self.softmax_type),
+            softmax_scale=np.float32(np.nan if self.softmax_scale is None else self.softmax_scale),
+            window_left=np.int64(self.window_left),
+            window_right=np.int64(self.window_right),
+            mask_alignment=np.int32(self.mask_alignment),
+            dropout_p=np.float64(self.dropout_p),
+            deterministic=np.int32(1 if self.deterministic else 0),
+            max_seqlen_q=np.int64(self.max_seqlen_q),
+            max_seqlen_kv=np.int64(self.max_seqlen_kv),
+            operands=np.int32(operands),
+        )
+
+    def options(self) -> dict:
+        """Option fields of sinkattn_params_t for the size queries."""
+        return dict(
+            softmax_type=self.softmax_type,
+            softmax_scale=float("nan") if self.softmax_scale is None else float(self.softmax_scale),
+            window_left=self.window_left,
+            window_right=self.window_right,
+            mask_alignment=self.mask_alignment,
+            dropout_p=self.dropout_p,
+            deterministic=1 if self.deterministic else 0,
+            max_seqlen_q=self.max_seqlen_q,
+            max_seqlen_kv=self.max_seqlen_kv,
+        )
+
+
+# Optional operands in the handler's protocol order (python/ffi/ffi_handlers.cpp).
+_BATCH_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv")
+
+
+def _sd(x):
+    return (tuple(x.shape), x.dtype)
+
+
+def _optional_operands(sinks, bias, d_lse, batch, rng):
+    """(bitmask, operand list, {param field: array}) of the optional operands, in protocol order."""
+    bits, ops, fields = 0, [], {}
+    if sinks is not None:
+        bits |= _ffi.OP_SINKS
+        ops.append(sinks)
+        fields["sinks"] = sinks
+    if bias is not None:
+        bits |= _ffi.OP_BIAS
+        ops.append(bias)
+        fields["bias"] = bias
+    if d_lse is not None:
+        bits |= _ffi.OP_D_LSE
+        ops.append(d_lse)
+        fields["d_lse"] = d_lse
+    cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv = batch
+    if cu_q is not None:
+        bits |= _ffi.OP_CU_SEQLENS
+        ops += [cu_q, cu_kv]
+        fields["cu_seqlens_q"], fields["cu_seqlens_kv"] = cu_q, cu_kv
+    for bit, name, x in ((_ffi.OP_SEQUSED_KV, "seqused_kv", seqused_kv), (_ffi.OP_SEQLENS_Q, "seqlens_q", seqlens_q),
+                         (_ffi.OP_SEQLENS_KV, "seqlens_kv", seqlens_kv)):
+        if x is not None:
+            bits |= bit
+            ops.append(x)
+            fields[name] = x
+    if rng is not None:
+        bits |= _ffi.OP_RNG
+        ops.append(rng)
+    return bits, ops, fields
+
+
+def _workspace(backward: bool, platform: str, tensors: dict, cfg: _Config) -> int:
+    """The library's size query (raises SinkattnError with its message). For a platform other than JAX's default
+    one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid call is
+    not raised at trace time: the library re-validates when that branch runs and raises the same message then."""
+    try:
+        return _ffi.workspace_size(backward, platform, tensors, cfg.options())
+    except _ffi.SinkattnError:
+        if platform == _ffi.default_platform() or len(_ffi.platforms()) == 1:
+            raise
+        return 0
+
+
+def _call_on_platforms(fn, *args):
+    """fn(platform, *args) lowered per platform (lax.platform_dependent when the op can run on several)."""
+    plats = _ffi.platforms()
+    if len(plats) == 1:
+        return fn(plats[0], *args)
+    return jax.lax.platform_dependent(*args, **{p: (lambda *a, _p=p: fn(_p, *a)) for p in plats})
+
+
+def _ffi_call(target, results, operands, attrs, poison_shapes):
+    """jax.ffi.ffi_call with the test-only NaN output poisoning (extra operands aliased to the outputs)."""
+    aliases = None
+    if poison_shapes:
+        extra = [jnp.full(shape, jnp.nan if jnp.issubdtype(dtype, jnp.floating) else 0xAB, dtype)
+                 for shape, dtype in poison_shapes]
+        aliases = {len(operands) + i: i for i in range(len(extra))}
+        operands = list(operands) + extra
+    call = jax.ffi.ffi_call(target, results, vmap_method="sequential", input_output_aliases=aliases)
+    return call(*operands, **attrs)
+
+
+def _forward(cfg: _Config, q, k, v, sinks, bias, batch, rng):
+    """out, softmax_lse, rng_state (u32[4] or None) of SPEC.md section 2."""
+    bits, opt, fields = _optional_operands(sinks, bias, None, batch, rng)
+    if cfg.varlen:
+        out_shape, lse_shape = (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0])
+    else:
+        out_shape, lse_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[2], q.shape[1])
+    tensors = {name: _sd(x) for name, x in fields.items()}
+    tensors.update(q=_sd(q), k=_sd(k), v=_sd(v), out=(out_shape, q.dtype), softmax_lse=(lse_shape, np.float32))
+    if rng is not None:
+        tensors["rng_seed_offset"] = ((4,), np.uint32)
+        tensors["rng_state"] = ((4,), np.uint32)
+
+    def run(platform, *operands):
+        ws = _workspace(False, platform, tensors, cfg)
+        results = [jax.ShapeDtypeStruct(out_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+                   jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8)]
+        if cfg.dropout_p > 0.0:
+            results.append(jax.ShapeDtypeStruct((4,), jnp.uint32))
+        poison = [(out_shape, q.dtype), (lse_shape, jnp.float32)] if cfg.poison else None
+        res = _ffi_call(_ffi.FORWARD_TARGET, results, operands, cfg.attrs(bits), poison)
+        return res[0], res[1], (res[3] if cfg.dropout_p > 0.0 else None)
+
+    return _call_on_platforms(run, q, k, v, *opt)
+
+
+def _backward(cfg: _Config, q, k, v, sinks, bias, batch, out, lse, rng_state, d_out, d_lse):
+    """dq, dk, dv, d_sinks (learnable, else None), d_bias (with bias, else None) of SPEC.md section 3."""
+    bits, opt, fields = _optional_operands(sinks, bias, d_lse, batch, rng_state)
+    learnable = cfg.softmax_type == _ffi.SOFTMAX_TYPES["learnable"]
+    tensors = {name: _sd(x) for name, x in fields.items()}
+    tensors.update(q=_sd(q), k=_sd(k), v=_sd(v), out=_sd(out), softmax_lse=_sd(lse), d_out=_sd(d_out),
+                   dq=_sd(q), dk=_sd(k), dv=_sd(v))
+    if learnable:
+        tensors["d_sinks"] = _sd(sinks)
+    if bias is not None:
+        tensors["d_bias"] = _sd(bias)
+    if rng_state is not None:
+        tensors["rng_state"] = ((4,), np.uint32)
+    outs = [_sd(q), _sd(k), _sd(v)]
+    extra = ([_sd(sinks)] if learnable else []) + ([_sd(bias)] if bias is not None else [])
+
+    def run(platform, *operands):
+        ws = _workspace(True, platform, tensors, cfg)
+        results = [jax.ShapeDtypeStruct(s, d) for s, d in outs]
+        results.append(jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
+        results += [jax.ShapeDtypeStruct(s, d) for s, d in extra]
+        poison = None
+        if cfg.poison:  # NaN in dq, dk, dv, d_sinks, d_bias (and zeros in the scratch workspace)
+            poison = outs + [((max(ws, 1),), jnp.uint8)] + extra
+        res = _ffi_call(_ffi.BACKWARD_TARGET, results, operands, cfg.attrs(bits), poison)
+        return tuple(res[:3]) + tuple(res[4:])
+
+    res = _call_on_platforms(run, q, k, v, out, lse, d_out, *opt)
+    dq, dk, dv = res[:3]
+    rest = list(res[3:])
+    d_sinks = rest.pop(0) if learnable else None
+    d_bias = rest.pop(0) if bias is not None else None
+    return dq, dk, dv, d_sinks, d_bias
+
+
+def _rows_in_sequences(cu, total):
+    """Varlen: rows < cu_seqlens[-1] belong to a sequence; the library leaves the others untouched."""
+    return jnp.arange(total) < cu[-1]
+
+
+def _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng):
+    out, lse, rng_state = _forward(cfg, q, k, v, sinks, bias, batch, rng)
+    if cfg.varlen:  # rows after the last sequence: out = 0, lse = -inf (not left uninitialised)
+        rows = _rows_in_sequences(batch[0], q.shape[0])
+        out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(rows[None, :], lse, -jnp.inf)
+    return out, lse, rng_state
+
+
+def _make_core():
+    def core(cfg, q, k, v, sinks, bias, batch, rng):
+        out, lse, _ = _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng)
+        return (out, lse) if cfg.return_lse else out
+
+    def fwd(cfg, q, k, v, sinks, bias, batch, rng):
+        out, lse, rng_state = _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng)
+        res = (q, k, v, sinks, bias, batch, out, lse, rng_state, rng)
+        return ((out, lse) if cfg.return_lse else out), res
+
+    def bwd(cfg, res, g):
+        q, k, v, sinks, bias, batch, out, lse, rng_state, rng = res
+        d_out, d_lse = (g if cfg.return_lse else (g, None))
+        if d_lse is not None:
+            d_lse = d_lse.astype(jnp.float32)
+        dq, dk, dv, d_sinks, d_bias = _backward(cfg, q, k, v, sinks, bias, batch, out, lse, rng_state,
+                                                d_out.astype(q.dtype), d_lse)
+        if cfg.varlen:  # rows outside every sequence get zero gradients
+            rq = _rows_in_sequences(batch[0], q.shape[0])[:, None, None]
+            rk = _rows_in_sequences(batch[1], k.shape[0])[:, None, None]
+            dq = jnp.where(rq, dq, jnp.zeros((), dq.dtype))
+            dk = jnp.where(rk, dk, jnp.zeros((), dk.dtype))
+            dv = jnp.where(rk, dv, jnp.zeros((), dv.dtype))
+        batch_ct = tuple(None if x is None else np.zeros(x.shape, jax.dtypes.float0) for x in batch)
+        rng_ct = None if rng is None else np.zeros(rng.shape, jax.dtypes.float0)
+        return dq, dk, dv, d_sinks, d_bias, batch_ct, rng_ct
+
+    f = jax.custom_vjp(core, nondiff_argnums=(0,))
+    f.defvjp(fwd, bwd)
+    return f
+
+
+_core = _make_core()
+
+
+def _check(cond: bool, msg: str, exc=ValueError):
+    if not cond:
+        raise exc(f"sinkattn: {msg}")
+
+
+def _as_int32(x, name):
+    x = jnp.asarray(x)
+    _check(jnp.issubdtype(x.dtype, jnp.integer), f"{name} must be an integer array, got {x.dtype}", TypeError)
+    return x.astype(jnp.int32)
+
+
+def _cu_seqlens_from_segments(seg):
+    """cu_seqlens [B*T + 1] of the runs of equal ids in [B, T] (row-major), padded with zero-length sequences."""
+    b, t = seg.shape
+    start = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1).reshape(-1)
+    (starts,) = jnp.nonzero(start, size=b * t, fill_value=b * t)
+    return jnp.concatenate([starts.astype(jnp.int32), jnp.array([b * t], jnp.int32)])
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    bias=None,
+    *,
+    sinks=None,
+    softmax_type: Optional[str] = None,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    local_window_size=None,
+    mask_alignment: str = "bottom_right",
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    segment_ids=None,
+    cu_seqlens_q=None,
+    cu_seqlens_kv=None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Fused scaled dot-product attention with softmax sinks (SPEC.md sections 1-3).
+
+    Per query head h and query row i, over the visible keys j of the same sequence::
+
+        S_ij = scale * q_i . k_j + bias_ij
+        sigma = sinks[h] (learnable) | 0 (off_by_one) | -inf (vanilla)     -- never multiplied by scale
+        lse_i = log(exp(sigma) + sum_j exp(S_ij));  out_i = sum_j exp(S_ij - lse_i) v_j
+
+    Layout and shapes (jax.nn.dot_product_attention's BTNH names; B batch, T query length, S key length,
+    N query heads, K key/value heads with N % K == 0 (MHA, GQA, MQA), H head dim, Hv value head dim):
+      query ``[B, T, N, H]``, key ``[B, S, K, H]``, value ``[B, S, K, Hv]``; float32, float16 or bfloat16 (one
+      dtype; float16/bfloat16 need a backend that supports them, the CPU one does). ``[T, N, H]`` without a batch
+      dimension is accepted too. Varlen (``cu_seqlens_q`` given): query ``[total_q, N, H]``, key/value
+      ``[total_kv, K, H|Hv]`` packed.
+      Returns ``out`` ``[B, T, N, Hv]`` (``[total_q, N, Hv]`` varlen) of query's dtype, and with ``return_lse=True``
+      ``(out, lse)``, lse float32 ``[B, N, T]`` (``[N, total_q]`` varlen), natural log, including the sink.
+      ``lse`` is differentiable (its cotangent is the library's ``d_lse``), which ring attention uses.
+
+    Args:
+      bias: optional post-scale additive bias, broadcastable to ``[B, N, T, S]`` (up to 4 dims, right-aligned),
+        float32 or query's dtype (others are cast to float32); ``jax.grad`` gives its gradient in its own shape.
+        Not with varlen or segment_ids.
+      sinks: ``[N]`` sink logits per query head (float32; other float dtypes are upcast, d_sinks cast back).
+      softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``; default ``"learnable"`` when sinks are
+        given, else ``"vanilla"``. ``"learnable"`` without sinks is an error.
+      scale: ``softmax_scale``, default ``1/sqrt(H)``.
+      is_causal: causal mask (``window_right = 0``).
+      local_window_size: ``(left, right)`` or an int (symmetric): key j is visible to query i iff
+        ``i + off - left <= j <= i + off + right`` (a negative bound is unbounded). GPT-OSS sliding window:
+        ``(127, 0)``.
+      mask_alignment: ``"bottom_right"`` (default; ``off = len_kv - len_q`` per sequence, FlashAttention's
+        convention) or ``"top_left"`` (``off = 0``; what jax.nn's ``is_causal`` does when T != S).
+      query_seq_lengths, key_value_seq_lengths: int32 ``[B]`` actual lengths of a padded dense batch (library
+        ``seqlens_q`` / ``seqlens_kv``): rows ``i >= len_q`` are padding (out = 0, no gradient; their lse is
+        unspecified), keys ``j >= len_kv`` are masked. With varlen, ``key_value_seq_lengths`` is ``seqused_kv``.
+      segment_ids: int ``[B, T]`` (self-attention, T == S) or a pair ``(q_segment_ids [B, T], kv_segment_ids
+        [B, S])``: packed sequences; each run of equal consecutive ids is one sequence, and the r-th query run of
+        the batch attends to the r-th key run (masks apply within the run, positions counted from its start).
+        Implemented as varlen over the flattened batch with up to ``B*T`` sequences; dropout's ``n`` is the run
+        index and ``max_s_q, max_s_kv = T, S``.
+      cu_seqlens_q, cu_seqlens_kv: int32 ``[num_seqs + 1]`` varlen offsets (non-decreasing, from 0); requires
+        ``max_seqlen_q`` / ``max_seqlen_kv`` (static ints, upper bounds; default: total_q / total_kv).
+      dropout_rate: probability p of dropping each ``P_ij`` (never the sink); needs ``dropout_rng`` (a JAX PRNG
+        key, traced under jit). Seed and offset are ``rng_seed_offset_words(dropout_rng)``; the keep decision is
+        the library's Philox function of SPEC.md section 2.
+      deterministic: bitwise reproducible backward (SPEC.md section 3). Not "no dropout".
+      return_lse: also return lse.
+
+    Raises:
+      sinkattn.jax.SinkattnError (a ValueError) with the library's message for invalid calls (checked at trace
+      time through the library's shape-only workspace query: shapes, dtypes, h_q % h_kv, windows, p range,
+      missing sinks, unsupported head dims); data-dependent errors (e.g. non-monotonic cu_seqlens) are raised
+      by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
+    """
+    _ffi.library()  # loads the library, registers the FFI targets
+    if softmax_type is None:
+        softmax_type = "learnable" if sinks is not None else "vanilla"
+    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
+           f"got {softmax_type!r}")
+    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
+           f"got {mask_alignment!r}")
+    window_left, window_right = resolve_window(is_causal, local_window_size)
+    dropout_rate = float(dropout_rate)
+
+    q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
+               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+
+    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
+    unbatched = False
+    seqused_kv = seqlens_q = seqlens_kv = cu_q = cu_kv = None
+    seg_shape = None
+    if varlen:
+        _check(cu_seqlens_q is not None and cu_seqlens_kv is not None,
+               "cu_seqlens_q and cu_seqlens_kv must be given together")
+        _check(segment_ids is None, "segment_ids and cu_seqlens are exclusive")
+        _check(query_seq_lengths is None, "query_seq_lengths is not defined with cu_seqlens (use cu_seqlens_q)")
+        _check(bias is None, "bias is not defined for varlen (cu_seqlens) inputs (SPEC.md section 1)")
+        cu_q, cu_kv = _as_int32(cu_seqlens_q, "cu_seqlens_q"), _as_int32(cu_seqlens_kv, "cu_seqlens_kv")
+        if key_value_seq_lengths is not None:
+            seqused_kv = _as_int32(key_value_seq_lengths, "key_value_seq_lengths")
+        mq = int(max_seqlen_q) if max_seqlen_q is not None else int(q.shape[0])
+        mk = int(max_seqlen_kv) if max_seqlen_kv is not None else int(k.shape[0])
+    elif segment_ids is not None:
+        _check(q.ndim == 4, "segment_ids needs [B, T, N, H] inputs")
+        _check(query_seq_lengths is None and key_value_seq_lengths is None,
+               "segment_ids and query/key_value_seq_lengths are exclusive (give padding its own segment)")
+        _check(bias is None, "bias is not supported with segment_ids (they run as varlen, SPEC.md section 1)")
+        seg_q, seg_k = (segment_ids if isinstance(segment_ids, (tuple, list)) else (segment_ids, segment_ids))
+        seg_q, seg_k = _as_int32(seg_q, "segment_ids"), _as_int32(seg_k, "segment_ids")
+        b, t, s = q.shape[0], q.shape[1], k.shape[1]
+        _check(seg_q.shape == (b, t) and seg_k.shape == (b, s),
+               f"segment_ids must be [B, T] = {(b, t)} (and [B, S] = {(b, s)} for keys), got "
+               f"{seg_q.shape} and {seg_k.shape}")
+        _check(b * t == b * s or isinstance(segment_ids, (tuple, list)),
+               "one segment_ids array needs T == S; pass (q_segment_ids, kv_segment_ids)")
+        cu_q, cu_kv = _cu_seqlens_from_segments(seg_q), _cu_seqlens_from_segments(seg_k)
+        if cu_kv.shape[0] != cu_q.shape[0]:  # the same number of (possibly empty) sequences on both sides
+            n = max(cu_q.shape[0], cu_kv.shape[0])
+            cu_q = jnp.concatenate([cu_q, jnp.full((n - cu_q.shape[0],), b * t, jnp.int32)])
+            cu_kv = jnp.concatenate([cu_kv, jnp.full((n - cu_kv.shape[0],), b * s, jnp.int32)])
+        seg_shape = (b, t, s)
+        q = q.reshape((b * t,) + q.shape[2:])
+        k = k.reshape((b * s,) + k.shape[2:])
+        v = v.reshape((b * s,) + v.shape[2:])
+        varlen = True
+        mq, mk = t, s
+    else:
+        if q.ndim == 3 and k.ndim == 3 and v.ndim == 3:
+            unbatched = True
+            q, k, v = q[None], k[None], v[None]
+        _check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4,
+               f"query, key, value must be [B, T, N, H] (or [T, N, H]), got ranks {q.ndim}, {k.ndim}, {v.ndim}")
+        if query_seq_lengths is not None:
+            seqlens_q = _as_int32(query_seq_lengths, "query_seq_lengths")
+        if key_value_seq_lengths is not None:
+            seqlens_kv = _as_int32(key_value_seq_lengths, "key_value_seq_lengths")
+        mq, mk = int(q.shape[1]), int(k.shape[1])
+
+    # sinks: float32 [N] in the library; the cast is differentiated by JAX (d_sinks back in sinks' dtype).
+    if softmax_type != "learnable":
+        sinks = None  # SPEC.md section 2: sinks are ignored unless learnable (their gradient is 0)
+    if sinks is not None:
+        sinks = jnp.asarray(sinks)
+        _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}",
+               TypeError)
+        sinks = sinks.astype(jnp.float32)
+    if bias is not None and not varlen:
+        bias = jnp.asarray(bias)
+        if bias.dtype not in (jnp.float32, q.dtype):
+            bias = bias.astype(jnp.float32)
+        _check(bias.ndim <= 4, f"bias must have at most 4 dims (broadcastable to [B, N, T, S]), got {bias.shape}")
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+        b, t, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[1]
+        if bias.shape[2] != t or bias.shape[3] != s:  # the library broadcasts only B and N
+            try:
+                bias = jnp.broadcast_to(bias, bias.shape[:2] + (t, s))
+            except ValueError:
+                _check(False, f"bias of shape {bias.shape} is not broadcastable to [B, N, T, S] = {(b, n, t, s)}")
+
+    rng = None
+    if dropout_rate > 0.0:
+        _check(dropout_rng is not None, "dropout_rate > 0 needs dropout_rng (a JAX PRNG key)")
+        rng = rng_seed_offset_words(dropout_rng)
+    elif dropout_rate < 0.0:
+        rng = None  # the library rejects p out of [0, 1) with its message at the size query
+
+    cfg = _Config(
+        softmax_type=_ffi.SOFTMAX_TYPES[softmax_type],
+        softmax_scale=None if scale is None else float(scale),
+        window_left=window_left,
+        window_right=window_right,
+        mask_alignment=_ffi.ALIGNMENTS[mask_alignment],
+        dropout_p=dropout_rate,
+        deterministic=bool(deterministic),
+        varlen=varlen,
+        max_seqlen_q=mq,
+        max_seqlen_kv=mk,
+        return_lse=bool(return_lse),
+        poison=_POISON[0],
+    )
+    batch = (cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv)
+    res = _core(cfg, q, k, v, sinks, bias, batch, rng)
+    out, lse = res if return_lse else (res, None)
+
+    if seg_shape is not None:  # back from the flattened varlen layout
+        b, t, s = seg_shape
+        out = out.reshape(b, t, out.shape[1], out.shape[2])
+        if lse is not None:
+            lse = lse.reshape(lse.shape[0], b, t).transpose(1, 0, 2)
+    elif unbatched:
+        out = out[0]
+        if lse is not None:
+            lse = lse[0]
+    return (out, lse) if return_lse else out
