@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a GPU machine (no network): install the Python package with the CUDA backend from this tree and run the
+# Python test suite on JAX's GPU backend, then the example's GPU check and its tokens/s benchmark.
+# Logs go to $OUT (default ./gpu-check-out): py_install.log pytest.log example.log example_bench.log.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SUMMARY=$OUT/summary.txt
+note() { echo "$*" | tee -a "$SUMMARY"; }
+t0=$(date +%s)
+$PY -m pip install -q --no-build-isolation --no-deps --target /tmp/sinkattn-site . \
+  --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >"$OUT/py_install.log" 2>&1
+rc=$?
+note "python package install (CUDA): rc=$rc in $(($(date +%s) - t0)) s"
+[ $rc -eq 0 ] || { tail -30 "$OUT/py_install.log"; exit 1; }
+export PYTHONPATH=/tmp/sinkattn-site${PYTHONPATH:+:$PYTHONPATH}
+status=0
+if [[ " ${PY_STEPS:-pytest example bench} " == *" pytest "* ]]; then
+  t0=$(date +%s)
+  (cd /tmp && timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python") >"$OUT/pytest.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "pytest (GPU): rc=$rc in $(($(date +%s) - t0)) s; $(tail -1 "$OUT/pytest.log")"
+  grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -30 | tee -a "$SUMMARY"
+fi
+if [[ " ${PY_STEPS:-pytest example bench} " == *" example "* ]]; then
+  timeout 240 $PY examples/train_sink_lm.py --steps 60 >"$OUT/example.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "example (GPU, 60 steps): rc=$rc; $(grep -iE 'loss|sink|match' "$OUT/example.log" | tail -4 | tr '\n' ' ')"
+fi
+if [[ " ${PY_STEPS:-pytest example bench} " == *" bench "* ]]; then
+  timeout 240 $PY examples/train_sink_lm.py --benchmark --context 4096 --batch 4 --d-model 512 --heads 8 --kv-heads 2 \
+    --head-dim 64 >"$OUT/example_bench.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "example benchmark (context 4096): rc=$rc"; tail -8 "$OUT/example_bench.log" | tee -a "$SUMMARY"
+fi
+exit $status
