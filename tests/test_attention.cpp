@@ -400,6 +400,68 @@ TEST(MaskedValues, NanInInvisibleKeyDoesNotLeak) {
   }
 }
 
+// Vanilla rows that see exactly one key: P = 1, out = v_j, D_i = dot(d_out_i, out_i) = dP_ij, so
+// dS_ij = P_ij * (dP_ij - D_i) = 0 and dq, dk, d_bias are exactly 0 in float64 (SPEC.md section 3). What a
+// backend returns there is fp32 rounding noise of dP_ij - D_i. SPEC.md section 5 measures it relative to
+// max|ref| = 0 (tiny = 1e-6): for fp16 / bf16 the plain low-precision slack covers it, for fp32 it would demand
+// |dq| <= 1e-10, which no fp32 evaluation of dP - D meets (reported to the lead). So the SPEC.md section 5 table
+// is asserted for every output except, under fp32, the ones whose reference is exactly 0; those, and under every
+// dtype, are bounded absolutely: noise far below the scale of dv. (The GPU suite's CUDA-vs-CPU comparison
+// flagged such calls, seed 777 #110/#350/#369 and seed 12345 #147/#239/#359: both backends return noise there.)
+TEST(SingleKey, VanillaGradientsCancel) {
+  struct Case {
+    int64_t s_q, s_kv, d, d_v, wl, wr;
+    sinkattn_mask_alignment_t align;
+    const char* bias;
+  } cases[] = {{8, 1, 192, 192, -1, -1, SINKATTN_ALIGN_BOTTOM_RIGHT, ""},
+               {40, 40, 64, 184, 0, 0, SINKATTN_ALIGN_TOP_LEFT, ""},
+               {70, 1, 256, 256, -1, 0, SINKATTN_ALIGN_BOTTOM_RIGHT, "1HSS"}};
+  auto max_abs = [](const ref::Array& a) {
+    double m = 0;
+    for (double x : a.data) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  for (auto dt : {SINKATTN_BF16, SINKATTN_F16, SINKATTN_F32})
+    for (const Case& k : cases) {
+      Config c;
+      c.dtype = dt;
+      c.softmax_type = SINKATTN_SOFTMAX_VANILLA;
+      c.b = 1;
+      c.h_q = 4;
+      c.h_kv = 2;
+      c.s_q = k.s_q;
+      c.s_kv = k.s_kv;
+      c.d = k.d;
+      c.d_v = k.d_v;
+      c.window_left = k.wl;
+      c.window_right = k.wr;
+      c.alignment = k.align;
+      c.bias = k.bias;
+      Problem pb(c);
+      SCOPED_TRACE(c.describe());
+      ASSERT_EQ(pb.forward(), SINKATTN_OK) << sinkattn_last_error();
+      ASSERT_EQ(pb.backward(), SINKATTN_OK) << sinkattn_last_error();
+      const ref::Result act = pb.actual(true);
+      const ref::Result r64 = pb.reference(true);
+      ref::Result lowp;
+      if (dt != SINKATTN_F32) lowp = pb.reference(true, ref::Precision::kPlainLowPrecision);
+      ASSERT_EQ(max_abs(r64.dq), 0.0);
+      ASSERT_EQ(max_abs(r64.dk), 0.0);
+      if (!c.bias.empty()) ASSERT_EQ(max_abs(r64.d_bias), 0.0);
+      const auto rows = ref::error_table(act, r64, lowp, dt);
+      for (const auto& r : rows) {
+        const bool zero_ref = r.name == "dq" || r.name == "dk" || r.name == "d_bias";
+        if (dt == SINKATTN_F32 && zero_ref) continue;  // bounded absolutely below
+        EXPECT_TRUE(r.pass) << r.name << "\n" << format_table(rows);
+      }
+      const double scale = max_abs(r64.dv);
+      ASSERT_GT(scale, 1.0);
+      EXPECT_LE(max_abs(act.dq), 1e-5 * scale);
+      EXPECT_LE(max_abs(act.dk), 1e-5 * scale);
+      if (!c.bias.empty()) EXPECT_LE(max_abs(act.d_bias), 1e-5 * scale);
+    }
+}
+
 TEST(Version, String) { EXPECT_STREQ(sinkattn_version(), "0.1.0"); }
 
 }  // namespace
