@@ -116,7 +116,9 @@ typedef struct {
   sinkattn_tensor_t sinks;  /* fp32 [h_q], natural-log units (not scaled). Required iff LEARNABLE. */
   sinkattn_tensor_t bias;   /* optional post-scale bias, fp32 or dtype of q, [b|1, h_q|1, s_q, s_kv]; dense only */
 
-  /* ---- batch description (SPEC.md section 1); all int32, memory of q ---- */
+  /* ---- batch description (SPEC.md section 1); all int32, memory of q. Their contents (monotonic, in range)
+   * are checked when they are in host memory; in device memory they are trusted, since reading them would
+   * need a synchronising copy. ---- */
   sinkattn_tensor_t cu_seqlens_q;   /* varlen: [b+1], non-decreasing, cu_seqlens_q[0] == 0 */
   sinkattn_tensor_t cu_seqlens_kv;  /* varlen: [b+1]; required together with cu_seqlens_q */
   sinkattn_tensor_t seqused_kv;     /* varlen only, optional [b]: keys actually used per sequence */
