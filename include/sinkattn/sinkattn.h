@@ -198,6 +198,10 @@ SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 SINKATTN_API const char* sinkattn_last_error(void);
 
+/* sizeof(sinkattn_params_t) as compiled into this library, so bindings that mirror the struct (ctypes) can check
+ * their mirror against the library that actually reads it. */
+SINKATTN_API size_t sinkattn_params_size(void);
+
 /* "0.1.0" */
 SINKATTN_API const char* sinkattn_version(void);
 

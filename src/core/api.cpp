@@ -220,6 +220,8 @@ SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p
 
 SINKATTN_API const char* sinkattn_last_error(void) { return g_last_error.c_str(); }
 
+SINKATTN_API size_t sinkattn_params_size(void) { return sizeof(sinkattn_params_t); }
+
 SINKATTN_API const char* sinkattn_version(void) { return SINKATTN_VERSION_STRING; }
 
 SINKATTN_API int32_t sinkattn_backend_available(sinkattn_backend_t backend) {

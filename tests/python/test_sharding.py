@@ -180,3 +180,48 @@ def test_errors():
         sharded_dot_product_attention(q, q, q, mesh=mesh, batch_axes="data")
     with pytest.raises(ValueError, match="do not know"):
         sharded_dot_product_attention(q, q, q, mesh=mesh, head_axis="model", mystery=jnp.ones(3))
+
+
+def test_user_shard_map_checked_dropout_gradients():
+    """The op inside a user's shard_map(check_vma=True): dropout (rng varying per shard), replicated sinks and a
+    replicated cu_seqlens (varlen); values and gradients == the op on each shard. Under check_vma the gradient of
+    the replicated (invariant) sinks is already summed over the shards inside the body: the transpose of the op's
+    cast of sinks to 'varying' is that psum (SPEC.md section 3: d_sinks summed over the batch)."""
+    from sinkattn.jax.attention import vma_typing_supported
+
+    assert vma_typing_supported()  # so sharding.py / ring.py run their shard_maps checked (check_vma=True) here
+    mesh = _mesh((4,), ("data",))
+    p, T, N, K, H = 4, 12, 4, 2, 32
+    x, _, _ = _case(B=p, T=T, S=T, N=N, K=K, H=H, seed=6)
+    q, k, v = (x[n].reshape(p * T, x[n].shape[2], H) for n in ("q", "k", "v"))  # packed, T rows per shard
+    g = np.random.default_rng(7).standard_normal((p * T, N, H)).astype(np.float32)
+    cu = jnp.array([0, 5, 5, 12], jnp.int32)  # per shard: sequences of 5, 0 and 7 rows
+    rng = jax.random.PRNGKey(3)
+    kw = dict(softmax_type="learnable", is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7,
+              max_seqlen_kv=7, dropout_rate=0.25)
+
+    def local_loss(q, k, v, s, g, key):
+        out = sj.dot_product_attention(q, k, v, sinks=s, dropout_rng=key, **kw)
+        return jnp.sum(out * g)
+
+    def body(q, k, v, s, g, key):
+        key = jax.random.fold_in(key, jax.lax.axis_index("data"))
+        loss, grads = jax.value_and_grad(local_loss, argnums=(0, 1, 2, 3))(q, k, v, s, g, key)
+        return loss[None], grads[0], grads[1], grads[2], grads[3]  # grads[3]: invariant, already the psum
+
+    row = P("data", None, None)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(row, row, row, P(), row, P()),
+                              out_specs=(P("data"), row, row, row, P()), check_vma=True))
+    with sj.poison_outputs_for_testing():
+        loss, dq, dk, dv, d_sinks = f(q, k, v, x["sinks"], g, rng)
+        want_ds = 0.0
+        for r in range(p):
+            sl = slice(r * T, (r + 1) * T)
+            l_r, (dq_r, dk_r, dv_r, ds_r) = jax.value_and_grad(local_loss, argnums=(0, 1, 2, 3))(
+                q[sl], k[sl], v[sl], x["sinks"], g[sl], jax.random.fold_in(rng, r))
+            assert rel_err(loss[r], l_r) <= TOL["out"]
+            for name, a, c in (("dq", dq[sl], dq_r), ("dk", dk[sl], dk_r), ("dv", dv[sl], dv_r)):
+                assert rel_err(a, c) <= TOL["grad"], name
+            want_ds = want_ds + np.asarray(ds_r, np.float64)
+    assert np.abs(want_ds).max() > 0.0
+    assert rel_err(d_sinks, want_ds) <= TOL["grad"]

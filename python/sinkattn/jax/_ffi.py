@@ -1,8 +1,9 @@
 """Loading of the sinkattn libraries, FFI target registration and trace-time workspace queries.
 
 The FFI handlers live in ``libsinkattn_jax_ffi.so`` (python/ffi/), which links ``libsinkattn.so`` (the C ABI of
-include/sinkattn/sinkattn.h). Only the handler library is opened with ctypes; the C ABI functions are looked up
-through its handle (``dlsym`` searches a library's dependencies too), so one copy of the library (one thread-local
+include/sinkattn/sinkattn.h). The libsinkattn.so.0 next to the handler library is opened first, by absolute path
+(see library() for why), then the handler library; the C ABI functions are looked up through the handler's handle
+(``dlsym`` searches a library's dependencies too), so one copy of the library (one thread-local
 ``sinkattn_last_error``, one CUDA context user) serves both the handlers and the Python side.
 
 Search order for the handler library:
@@ -95,9 +96,58 @@ def _candidates() -> list[str]:
     return found
 
 
+def _core_library_next_to(handler: str) -> str | None:
+    """The libsinkattn.so.0 that belongs to this handler library: the one in its directory (installed package) or
+    in the build directory above it (a development build: <build>/python/ffi/libsinkattn_jax_ffi.so)."""
+    d = os.path.dirname(os.path.abspath(handler))
+    for cand in (d, os.path.dirname(os.path.dirname(d))):
+        for name in ("libsinkattn.so.0", "libsinkattn.so"):
+            path = os.path.join(cand, name)
+            if os.path.isfile(path):
+                return os.path.realpath(path)
+    return None
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_defining(fn) -> str | None:
+    """Path of the loaded object that defines the ctypes function ``fn`` (dladdr), or None if unknown."""
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    if not dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode("utf-8", "replace"))
+
+
+# Handles kept for the life of the process (never dlclose'd: XLA holds pointers to the handlers).
+_HANDLES: list = []
+
+
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
-    """The loaded handler library (with the C ABI reachable through it); FFI targets registered."""
+    """The loaded handler library (with the C ABI reachable through it); FFI targets registered.
+
+    Loading rules, each against a way the process could end up with a library that crashes or misreads the
+    ctypes mirror of sinkattn_params_t:
+    - JAX's backends (e.g. the CUDA PJRT plugin) are initialised first, so the plugin owns CUDA before the
+      library's static cudart runs any initialiser.
+    - RTLD_LOCAL (not RTLD_GLOBAL): nothing of ours (static cudart, C++ symbols) can interpose on symbols of other
+      libraries loaded later. (The library is also linked with --exclude-libs,ALL, so it exports no cudart.)
+    - The package's own libsinkattn.so.0 is opened by absolute path before the handler library: the handler's
+      RUNPATH ($ORIGIN) comes after LD_LIBRARY_PATH, so without this a libsinkattn.so.0 of some other build on
+      LD_LIBRARY_PATH (with another sinkattn_params_t) would be used. After loading, dladdr checks which file
+      defines the C ABI functions the Python side calls, and sinkattn_jax_params_layout (compiled with the
+      handler) checks the ctypes mirror.
+    """
     paths = _candidates()
     if not paths:
         raise ImportError(
@@ -105,11 +155,20 @@ def library() -> ctypes.CDLL:
             "C++ library) or point SINKATTN_JAX_FFI_LIBRARY at a build of python/ffi.")
     import jax
 
-    # Initialise JAX's backends (e.g. the CUDA PJRT plugin) before our library is loaded, and load it RTLD_LOCAL:
-    # libsinkattn links cudart statically, and its symbols must never interpose on the plugin's CUDA runtime.
     jax.devices()
+    core = _core_library_next_to(paths[0])
+    if core is not None:
+        _HANDLES.append(ctypes.CDLL(core, mode=ctypes.RTLD_LOCAL))
     lib = ctypes.CDLL(paths[0], mode=ctypes.RTLD_LOCAL)
+    _HANDLES.append(lib)
     _declare(lib)
+    if core is not None:
+        used = _file_defining(lib.sinkattn_forward_workspace_size)
+        if used is not None and used != core:
+            raise ImportError(
+                f"sinkattn: the handler library {paths[0]} resolved the C ABI from {used}, not from its own "
+                f"{core} (a libsinkattn.so.0 on LD_LIBRARY_PATH or already loaded?); remove it from "
+                f"LD_LIBRARY_PATH or set SINKATTN_JAX_FFI_LIBRARY to a matching build")
     _check_layout(lib)
     _register(lib)
     return lib
@@ -124,7 +183,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
         fn.restype = ctypes.c_int
     lib.sinkattn_last_error.argtypes = []
-    lib.sinkattn_last_error.restype = ctypes.c_char_p
+    lib.sinkattn_last_error.restype = ctypes.c_void_p  # read with ctypes.string_at (NULL-safe), see last_error()
+    lib.sinkattn_version.argtypes = []
     lib.sinkattn_version.restype = ctypes.c_char_p
     lib.sinkattn_backend_available.argtypes = [ctypes.c_int]
     lib.sinkattn_backend_available.restype = ctypes.c_int32
@@ -135,9 +195,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sinkattn_dropout_keep.restype = ctypes.c_int32
     lib.sinkattn_jax_params_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
     lib.sinkattn_jax_params_layout.restype = ctypes.c_int32
+    lib.sinkattn_params_size.argtypes = []
+    lib.sinkattn_params_size.restype = ctypes.c_size_t
 
 
 def _check_layout(lib: ctypes.CDLL) -> None:
+    # The library that reads the struct reports its size itself; the handler reports the field offsets.
+    if lib.sinkattn_params_size() != ctypes.sizeof(Params):
+        raise ImportError(f"sinkattn: sizeof(sinkattn_params_t) is {lib.sinkattn_params_size()} in the loaded "
+                          f"library but {ctypes.sizeof(Params)} in the ctypes mirror; update python/sinkattn/jax/_ffi.py")
     buf = (ctypes.c_int64 * 16)()
     n = lib.sinkattn_jax_params_layout(buf, 16)
     mine = [ctypes.sizeof(Params), ctypes.sizeof(Tensor), Params.max_seqlen_q.offset, Params.out.offset,
@@ -207,6 +273,8 @@ def _shape_tensor(t: Tensor, shape: Sequence[int], dtype) -> None:
     dtype = np.dtype(dtype)
     if dtype == np.dtype(np.uint32):  # u32[4] seed/offset words = the library's I64[2]
         shape = (2,)
+    if not 1 <= len(shape) <= MAX_RANK:
+        raise SinkattnError(f"sinkattn: tensors have rank 1..{MAX_RANK}, got shape {tuple(shape)}")
     t.data = None
     t.dtype = dtype_code(dtype)
     t.rank = len(shape)
@@ -233,11 +301,20 @@ def workspace_size(backward: bool, platform: str, tensors: dict, options: dict) 
     p.backend = BACKEND_CUDA if platform == "cuda" else BACKEND_CPU
     size = ctypes.c_size_t(0)
     fn = lib.sinkattn_backward_workspace_size if backward else lib.sinkattn_forward_workspace_size
-    status = fn(ctypes.byref(p), ctypes.byref(size))
+    status = fn(ctypes.byref(p), ctypes.byref(size))  # p and size outlive the call (locals of this frame)
     if status != 0:
-        msg = lib.sinkattn_last_error().decode("utf-8", "replace")
-        raise SinkattnError(f"sinkattn: {msg}")
+        # The message is thread-local in the library; this is the same thread (ctypes calls run on the caller's).
+        raise SinkattnError(f"sinkattn: {last_error(lib)} (status {status})")
     return int(size.value)
+
+
+def last_error(lib: ctypes.CDLL | None = None) -> str:
+    """sinkattn_last_error() of this thread, copied into a Python string at once (valid until the next call)."""
+    lib = lib or library()
+    ptr = lib.sinkattn_last_error()
+    if not ptr:
+        return "error without message"
+    return ctypes.string_at(ptr).decode("utf-8", "replace")
 
 
 def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> list[int]:

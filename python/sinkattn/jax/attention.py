@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from typing import Optional
 
 import jax
@@ -148,7 +147,8 @@ def _ffi_call(target, results, operands, attrs, poison_shapes):
     """jax.ffi.ffi_call with the test-only NaN output poisoning (extra operands aliased to the outputs)."""
     aliases = None
     if poison_shapes:
-        extra = [jnp.full(shape, jnp.nan if jnp.issubdtype(dtype, jnp.floating) else 0xAB, dtype)
+        vma = _union_vma(*operands)  # the same shard_map type as the other operands (see _vma)
+        extra = [_vary_to(jnp.full(shape, jnp.nan if jnp.issubdtype(dtype, jnp.floating) else 0xAB, dtype), vma)
                  for shape, dtype in poison_shapes]
         aliases = {len(operands) + i: i for i in range(len(extra))}
         operands = list(operands) + extra
@@ -217,6 +217,54 @@ def _backward(cfg: _Config, q, k, v, sinks, bias, batch, out, lse, rng_state, d_
     return dq, dk, dv, d_sinks, d_bias
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# shard_map(check_vma=True) typing. Inside shard_map every value carries the set of manual mesh axes it varies over
+# ("vma"). An FFI call's results do not derive it from the operands (jax 0.10: always empty), and a custom_vjp
+# backward must return cotangents of exactly its primal inputs' types. So the op (1) casts all its operands to the
+# union V of their varying axes before the custom_vjp (lax.pcast(..., to="varying"), whose transpose is a psum over
+# the newly varying axes: that is how d_sinks of sinks replicated over a batch axis gets summed over the batch,
+# SPEC.md section 3), and (2) casts every FFI result, forward outputs and backward cotangents, to V. Outside
+# shard_map V is empty and all of this is a no-op.
+# ----------------------------------------------------------------------------------------------------------------
+def _vma(x) -> frozenset:
+    """The manual mesh axes x varies over inside shard_map (empty outside shard_map or with check_vma=False)."""
+    if x is None:
+        return frozenset()
+    t = jax.typeof(x)
+    vma = getattr(t, "vma", None)  # jax 0.6 .. 0.9 spelling
+    if vma is not None:
+        return frozenset(vma)
+    mat = getattr(t, "manual_axis_type", None)  # jax >= 0.10 spelling
+    return frozenset(getattr(mat, "varying", None) or ())
+
+
+def vma_typing_supported() -> bool:
+    """Whether this jax exposes the varying-axes type (``.vma`` or ``.manual_axis_type``) and a cast to
+    'varying' (lax.pcast or lax.pvary), i.e. whether the op can type its results for shard_map(check_vma=True).
+    sharding.py and ring.py use check_vma=True when it does and check_vma=False otherwise (a future jax that
+    renames these again would otherwise make the custom_vjp reject the op's cotangents)."""
+    t = jax.typeof(np.zeros((), np.float32))
+    has_type = hasattr(t, "vma") or hasattr(getattr(t, "manual_axis_type", None), "varying")
+    return has_type and (hasattr(jax.lax, "pcast") or hasattr(jax.lax, "pvary"))
+
+
+def _vary_to(x, axes: frozenset):
+    """x typed as varying over (at least) ``axes``; no-op for None, float0 and when nothing is missing."""
+    if x is None or getattr(x, "dtype", None) == jax.dtypes.float0:
+        return x
+    missing = axes - _vma(x)
+    if not missing:
+        return x
+    names = tuple(sorted(missing))
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, names, to="varying")
+    return jax.lax.pvary(x, names)  # jax < 0.8
+
+
+def _union_vma(*xs) -> frozenset:
+    return frozenset().union(*[_vma(x) for x in jax.tree_util.tree_leaves(xs)])
+
+
 def _rows_in_sequences(cu, total):
     """Varlen: rows < cu_seqlens[-1] belong to a sequence; the library leaves the others untouched."""
     return jnp.arange(total) < cu[-1]
@@ -224,6 +272,8 @@ def _rows_in_sequences(cu, total):
 
 def _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng):
     out, lse, rng_state = _forward(cfg, q, k, v, sinks, bias, batch, rng)
+    vma = _vma(q)  # every operand has this type (dot_product_attention cast them), see _vma above
+    out, lse, rng_state = _vary_to(out, vma), _vary_to(lse, vma), _vary_to(rng_state, vma)
     if cfg.varlen:  # rows after the last sequence: out = 0, lse = -inf (not left uninitialised)
         rows = _rows_in_sequences(batch[0], q.shape[0])
         out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
@@ -254,6 +304,9 @@ def _make_core():
             dq = jnp.where(rq, dq, jnp.zeros((), dq.dtype))
             dk = jnp.where(rk, dk, jnp.zeros((), dk.dtype))
             dv = jnp.where(rk, dv, jnp.zeros((), dv.dtype))
+        # cotangents of the same shard_map type as the primal inputs (custom_vjp requires it), see _vma above
+        vma = _vma(q)
+        dq, dk, dv, d_sinks, d_bias = (_vary_to(x, vma) for x in (dq, dk, dv, d_sinks, d_bias))
         batch_ct = tuple(None if x is None else np.zeros(x.shape, jax.dtypes.float0) for x in batch)
         rng_ct = None if rng is None else np.zeros(rng.shape, jax.dtypes.float0)
         return dq, dk, dv, d_sinks, d_bias, batch_ct, rng_ct
@@ -472,6 +525,10 @@ def dot_product_attention(
         poison=_POISON[0],
     )
     batch = (cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv)
+    vma = _union_vma(q, k, v, sinks, bias, batch, rng)  # inside shard_map: one varying type for every operand
+    if vma:
+        q, k, v, sinks, bias, rng = (_vary_to(x, vma) for x in (q, k, v, sinks, bias, rng))
+        batch = tuple(_vary_to(x, vma) for x in batch)
     res = _core(cfg, q, k, v, sinks, bias, batch, rng)
     out, lse = res if return_lse else (res, None)
 

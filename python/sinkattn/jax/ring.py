@@ -48,6 +48,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+# shard_map(check_vma=True) typing helpers of the fused op
+from .attention import _union_vma, _vary_to, vma_typing_supported
+
 __all__ = [
     "ring_dot_product_attention",
     "ring_attention_shard",
@@ -162,23 +165,9 @@ def _call(plan, q, k, v, **mask):
     return out, lse.astype(jnp.float32)
 
 
-def _vma(x):
-    """The manual mesh axes x varies over inside shard_map (empty outside or without check_vma)."""
-    t = jax.typeof(x)
-    if hasattr(t, "vma"):
-        return frozenset(t.vma)
-    mat = getattr(t, "manual_axis_type", None)  # jax >= 0.10 spelling
-    return frozenset(getattr(mat, "varying", ()) or ())
-
-
 def _vary_like(x, *refs):
     """Mark x as varying over the manual mesh axes the refs vary over (shard_map check_vma typing)."""
-    missing = frozenset().union(*[_vma(r) for r in refs]) - _vma(x)
-    if not missing:
-        return x
-    if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
-    return jax.lax.pvary(x, tuple(sorted(missing)))
+    return _vary_to(x, _union_vma(*refs))
 
 
 def _empty(plan, q, v, rows=None):
@@ -379,8 +368,10 @@ def ring_dot_product_attention(query, key, value, *, mesh, seq_axis, batch_axes=
                                     layout=layout, return_lse=return_lse, attention_fn=attention_fn)
 
     out_specs = (qspec, lspec) if return_lse else qspec
-    # check_vma=False: the fused op's custom_vjp backward returns cotangents without shard_map's varying-axes type
-    # (an FFI call's result), which check_vma=True rejects. The transpose still sums the cotangent of the
-    # replicated sinks over the unmapped axes (tests/python/test_ring.py checks d_sinks).
-    f = jax.shard_map(body, mesh=mesh, in_specs=(qspec, qspec, qspec, sspec), out_specs=out_specs, check_vma=False)
+    # check_vma=True where jax has the varying-axes type (attention.vma_typing_supported): the fused op types its
+    # results and cotangents like its inputs (attention.py, _vma), and the ring's own zero blocks are cast with
+    # _vary_like. The transpose sums the cotangent of the sinks, replicated over the sequence (and batch) axes,
+    # over those axes (tests/python/test_ring.py checks d_sinks).
+    f = jax.shard_map(body, mesh=mesh, in_specs=(qspec, qspec, qspec, sspec), out_specs=out_specs,
+                      check_vma=vma_typing_supported())
     return f(query, key, value, sinks_arr)

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from .attention import vma_typing_supported
+
 __all__ = ["sharded_dot_product_attention", "attention_partition_specs"]
 
 
@@ -146,8 +148,10 @@ def sharded_dot_product_attention(query, key, value, *, mesh, batch_axes=None, h
         return fn(q, k, v, return_lse=return_lse, **extra, **statics)
 
     in_specs = (specs["query"], specs["key"], specs["value"], specs.get("bias"), *[specs[n] for n in names])
-    # check_vma=False: the fused op's custom_vjp backward returns cotangents without shard_map's varying-axes type
-    # (an FFI call's result), which check_vma=True rejects. The transpose still sums the cotangents of inputs
-    # replicated over an axis (sinks over the batch axes, a broadcast bias) over that axis (all-reduce).
-    f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)
+    # check_vma=True where jax has the varying-axes type (attention.vma_typing_supported): the fused op types its
+    # results and cotangents like its inputs (attention.py, _vma). The transpose sums the cotangents of inputs
+    # replicated over an axis (sinks over the batch axes, a broadcast bias) over that axis (all-reduce, SPEC.md
+    # section 3).
+    f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec,
+                      check_vma=vma_typing_supported())
     return f(query, key, value, bias, *[arrays[n] for n in names])
