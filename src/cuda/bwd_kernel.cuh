@@ -5,7 +5,11 @@
 //   dK dV kernel (grid: key blocks, h_kv, b): for every query head of the KV group and every query block
 //                 that sees the key block: dV += (P * keep / (1 - p))^T dO, dK += dS^T Q; dK *= softmax_scale.
 //                 The GQA sum over the group happens in registers, in a fixed order.
-// No float atomics anywhere, so every output is bitwise reproducible (deterministic = 1 costs nothing extra).
+// deterministic = 1, or a bias (the dq kernel writes dS for d_bias): the dq kernel above (no float atomics;
+//   every output bitwise reproducible).
+// deterministic = 0 (default) without bias: no dq kernel; the dK dV kernel also computes dQ += dS K per tile (dS^T staged in
+//   shared memory) and adds it with fp32 atomics into p.ws_dq (5 instead of 7 tile products); the postprocess
+//   (bwd_small.cu) writes dq = softmax_scale * ws_dq in the dtype.
 // Per-row inputs come from the preprocess pass (bwd_small.cu): LSE2 = LSE * log2(e) (+inf for rows that see
 // no key or are padding, so their P is exactly 0) and Dp = D - d_lse.
 #pragma once
@@ -31,10 +35,11 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.y, n = blockIdx.z;
+  const TileCoord tc = scheduled_tile(p.window_right >= 0);
+  const int h = tc.head, n = tc.batch;
   const int hk = h / p.group;
   const SeqInfo sq = seq_info(p, n);
-  const int m0 = scheduled_block(p.window_right >= 0) * BM;
+  const int m0 = tc.block * BM;
   if (m0 >= sq.rows_q) return;
   T* dq = static_cast<T*>(p.dq) + n * p.dq_st.b + (sq.q_start + m0) * p.dq_st.s + h * p.dq_st.h;
   if (m0 >= sq.len_q) {  // padding rows: dq = 0 (SPEC 3)
@@ -134,7 +139,8 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
                         lane);
 }
 
-template <typename T, int HD>
+// kExtra: the call has a bias or dropout (compiled out of the common variant).
+template <typename T, int HD, bool kExtra>
 __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(const Params p) {
   using Tr = DkvTraits<HD>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, NT = BM / 8, NO = HD / 8;
@@ -145,12 +151,15 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   T* sdO = sQ + 2 * BM * LD;   // [2][BM][LD]
   float* sL = reinterpret_cast<float*>(sdO + 2 * BM * LD);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                                 // [2][BM] D - d_lse
+  T* sdS = reinterpret_cast<T*>(sD + 2 * BM);              // [BN][BM + 8] dS^T of the step (fused dq only)
+  constexpr int LDS = Tr::kStrideS;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int hk = blockIdx.y, n = blockIdx.z;
+  const TileCoord tc = scheduled_tile(false);
+  const int hk = tc.head, n = tc.batch;
   const SeqInfo sq = seq_info(p, n);
-  const int j0 = blockIdx.x * BN;
+  const int j0 = tc.block * BN;
   if (j0 >= sq.rows_kv) return;
   T* dk = static_cast<T*>(p.dk) + n * p.dk_st.b + (sq.kv_start + j0) * p.dk_st.s + hk * p.dk_st.h;
   T* dv = static_cast<T*>(p.dv) + n * p.dv_st.b + (sq.kv_start + j0) * p.dv_st.s + hk * p.dv_st.h;
@@ -195,6 +204,10 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   zero_acc(acc_dk);
   zero_acc(acc_dv);
   const int key_w = j0 + warp * 16;  // first key of this warp
+  // Query rows that see some key of this warp: query blocks outside [qw_lo, qw_hi) are skipped by this warp
+  // alone (exact: P = dS = 0 there); with the fused dq it still writes zeros to its rows of sdS.
+  int qw_lo = 0, qw_hi = 0;
+  if (key_w < sq.len_kv) mk.query_range(key_w, min(key_w + 16, sq.len_kv), qw_lo, qw_hi);
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
@@ -209,27 +222,72 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
     const float* l_cur = sL + buf * BM;
     const float* d_cur = sD + buf * BM;
     const Dropout dp(p, n, h);
-
-    float s[NT][4], dpv[NT][4];  // transposed tiles: rows = this warp's 16 keys, cols = BM queries
-    zero_acc(s);
-    zero_acc(dpv);
-    gemm_abt<T, NT, HD, LD>(s, sK + warp * 16 * LD, q_cur, lane);
-    gemm_abt<T, NT, HD, LD>(dpv, sV + warp * 16 * LD, do_cur, lane);
-    const bool need_mask = !mk.tile_all_visible(i0, BM, j0, BN);
-    make_logits<T, NT, true>(s, p, mk, need_mask, n, h, key_w, i0, lane);
+    if (i0 < qw_hi && i0 + BM > qw_lo) {
+      float s[NT][4], dpv[NT][4];  // transposed tiles: rows = this warp's 16 keys, cols = BM queries
+      zero_acc(s);
+      zero_acc(dpv);
+      gemm_abt<T, NT, HD, LD>(s, sK + warp * 16 * LD, q_cur, lane);
+      gemm_abt<T, NT, HD, LD>(dpv, sV + warp * 16 * LD, do_cur, lane);
+      const bool need_mask = !mk.tile_all_visible(i0, BM, j0, BN);
+      // Interior tiles without bias keep the raw products: P = exp2(s * scale * log2(e) - LSE2) in one FFMA.
+      const bool fold = !need_mask && !(kExtra && p.bias != nullptr);
+      if (!fold) make_logits<T, NT, true, kExtra>(s, p, mk, need_mask, n, h, key_w, i0, lane);
+      const float sc = fold ? p.scale_log2 : 1.f;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
-        const float pr = fast_exp2(s[nt][e] - l_cur[c]);
-        float f = 1.f;
-        if (p.dropout && pr != 0.f) f = dp.factor(i0 + c, key_w + g + 8 * (e >> 1), p.s_kv);
-        s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] * f - d_cur[c]) : 0.f;  // dS^T
-        dpv[nt][e] = pr * f;                                              // (P * keep / (1 - p))^T
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
+          const float pr = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c]));
+          float f = 1.f;
+          if (kExtra && p.dropout && pr != 0.f) f = dp.factor(i0 + c, key_w + g + 8 * (e >> 1), p.s_kv);
+          s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] * f - d_cur[c]) : 0.f;  // dS^T
+          dpv[nt][e] = pr * f;                                              // (P * keep / (1 - p))^T
+        }
+      if (p.ws_dq) {  // stage dS^T (rounded to T, as for the dK product) for dQ += dS K
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int c = nt * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + c) = ElemTraits<T>::pack(s[nt][0], s[nt][1]);
+          *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + c) = ElemTraits<T>::pack(s[nt][2], s[nt][3]);
+        }
       }
-    gemm_pb<T, NT, NO, LD>(acc_dv, dpv, do_cur, lane);
-    gemm_pb<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
+      gemm_pb<T, NT, NO, LD>(acc_dv, dpv, do_cur, lane);
+      gemm_pb<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
+    } else if (p.ws_dq) {  // this warp's keys see no query of the block: dS^T rows are zero
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + c) = 0u;
+        *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + c) = 0u;
+      }
+    }
+    if (p.ws_dq) {
+      // dQ_i += sum_j dS_ij k_j over this block's keys (SPEC 3; softmax_scale applied in the postprocess).
+      // Warp w computes m-tile w % (BM / 16) of the BM query rows, column chunks cg, cg + CG, ... of width CW.
+      constexpr int MTILES = BM / 16, CG = Tr::kWarps / MTILES;
+      constexpr int CW = HD <= 128 ? HD / 2 : 32, NC = CW / 8, CHUNKS = HD / CW;
+      static_assert(Tr::kWarps % MTILES == 0 && NC % 2 == 0, "dq split");
+      __syncthreads();
+      const int mtile = warp % MTILES;
+      const int ia = i0 + mtile * 16 + g, ib = ia + 8;
+      float* rowa = ia < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d : nullptr;
+      float* rowb = ib < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ib)) * p.d : nullptr;
+#pragma unroll 1
+      for (int ch = warp / MTILES; ch < CHUNKS; ch += CG) {
+        if (ch * CW >= p.d) break;
+        float accq[NC][4];
+        zero_acc(accq);
+        gemm_atb<T, NC, BN, LDS, LD>(accq, sdS + mtile * 16, sK + ch * CW, lane);
+#pragma unroll
+        for (int nt = 0; nt < NC; ++nt) {
+          const int col = ch * CW + nt * 8 + 2 * t;
+          if (ch * CW + nt * 8 >= p.d) break;
+          if (rowa) atomic_add2(rowa + col, accq[nt][0], accq[nt][1]);
+          if (rowb) atomic_add2(rowb + col, accq[nt][2], accq[nt][3]);
+        }
+      }
+    }
   }
   cp_async_wait<0>();
   const int rows_valid = rows_out - warp * 16;

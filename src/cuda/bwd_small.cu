@@ -6,6 +6,7 @@
 //               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
 //               written, never accumulated into.
+//   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused non-deterministic backward).
 //   d_bias:     d_bias[nb, hb, i, j] = sum over the broadcast dims of dS[n, h, i, j] (fixed order).
 #include "cuda/kernels.hpp"
 
@@ -18,46 +19,75 @@ namespace {
 
 constexpr int kPreThreads = 128;
 
+// 8 rows per warp, 4 lanes per row (kPreRows = 32 rows per block of 4 warps): every row of the block is in
+// flight at once (no serial loop over rows, whose load latencies would add up).
+static_assert(kPreRows == (kPreThreads / 32) * 8, "8 rows per warp");
+
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
   __shared__ float warp_sums[kPreThreads / 32];
   const int h = blockIdx.y, n = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & 3;
   const SeqInfo sq = seq_info(p, n);
   const float sigma = sink_value(p, h);
-  float part = 0.f;
-  for (int r = 0; r < kPreRows / (kPreThreads / 32); ++r) {
-    const int i = blockIdx.x * kPreRows + warp * (kPreRows / (kPreThreads / 32)) + r;
-    if (i >= sq.rows_q) break;
-    const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
-    if (i >= sq.len_q) {  // padding row: contributes nothing (SPEC 3)
-      if (lane == 0) {
-        p.ws_lse2[wr] = INFINITY;
-        p.ws_dp[wr] = 0.f;
-      }
-      continue;
-    }
+  const int i = blockIdx.x * kPreRows + warp * 8 + (lane >> 2);
+  const bool real = i < sq.len_q;  // rows [len_q, rows_q) are padding: they contribute nothing (SPEC 3)
+  float dsum = 0.f;
+  if (real) {
     const T* o = static_cast<const T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h;
-    const T* go = static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i) * p.dout_st.s + h * p.dout_st.h;
-    float dsum = 0.f;
-    for (int c = lane; c < p.d_v; c += 32) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, m);
-    if (lane == 0) {
+    const T* go =
+        static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i) * p.dout_st.s + h * p.dout_st.h;
+    for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
+  }
+  dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+  dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+  float part = 0.f;
+  if (sub == 0 && i < sq.rows_q) {
+    const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
+    if (!real) {
+      p.ws_lse2[wr] = INFINITY;
+      p.ws_dp[wr] = 0.f;
+    } else {
       const float lse = p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s];
       const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + (sq.q_start + i) * p.dlse_s] : 0.f;
       p.ws_lse2[wr] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       p.ws_dp[wr] = dsum - dlse;
-      if (p.softmax_type == 2) part += expf(sigma - lse) * (dlse - dsum);
+      if (p.softmax_type == 2) part = expf(sigma - lse) * (dlse - dsum);
     }
   }
-  if (p.softmax_type == 2) {
+  if (p.softmax_type == 2) {  // fixed-order (deterministic) reduction: warp tree, then the 4 warps in order
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) part += __shfl_xor_sync(0xffffffffu, part, m);
     if (lane == 0) warp_sums[warp] = part;
     __syncthreads();
     if (threadIdx.x == 0) {
       float s = 0.f;
       for (int w = 0; w < kPreThreads / 32; ++w) s += warp_sums[w];
       p.ws_dsink[(static_cast<int64_t>(h) * p.b + n) * p.n_pre_blocks + blockIdx.x] = s;
+    }
+  }
+}
+
+// dq = softmax_scale * ws_dq (SPEC 3, dq_i = softmax_scale * sum_j dS_ij k_j), in the dtype; padding rows of a
+// dense batch (i >= len_q) get dq = 0. One warp per row (8 rows per warp), two columns per lane and step, so
+// every load and store instruction covers one contiguous row segment (measured faster than 4 lanes per row).
+template <typename T>
+__global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
+  const int h = blockIdx.y, n = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const SeqInfo sq = seq_info(p, n);
+  for (int r = 0; r < kPreRows / (kPreThreads / 32); ++r) {
+    const int i = blockIdx.x * kPreRows + warp * (kPreRows / (kPreThreads / 32)) + r;
+    if (i >= sq.rows_q) break;
+    T* dq = static_cast<T*>(p.dq) + n * p.dq_st.b + (sq.q_start + i) * p.dq_st.s + h * p.dq_st.h;
+    if (i >= sq.len_q) {
+      for (int c = 2 * lane; c < p.d; c += 64) *reinterpret_cast<uint32_t*>(dq + c) = 0u;
+      continue;
+    }
+    const float* acc = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d;
+    for (int c = 2 * lane; c < p.d; c += 64) {
+      const float2 a = *reinterpret_cast<const float2*>(acc + c);
+      *reinterpret_cast<uint32_t*>(dq + c) = ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale);
     }
   }
 }
@@ -127,6 +157,11 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
         dbias_reduce_kernel<float><<<blocks, 256, 0, stream>>>(p);
       else
         dbias_reduce_kernel<T><<<blocks, 256, 0, stream>>>(p);
+      break;
+    }
+    case kSmallDqConvert: {
+      if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
+      dq_convert_kernel<T><<<dim3(p.n_pre_blocks, p.h_q, p.b), kPreThreads, 0, stream>>>(p);
       break;
     }
     default:

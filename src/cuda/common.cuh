@@ -83,6 +83,16 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// *dst += (a, b) for two adjacent fp32 (8-byte aligned): one vector reduction on sm_90, two scalar ones before.
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 // 2^x (ex2.approx: ~2 ulp, exact 0 for -inf).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -4,7 +4,9 @@
 // is rejected with the reason, never silently dropped), lays out the workspace (same code path for the size
 // query and the run), and launches:
 //   forward:  fwd_kernel [+ rng_state]
-//   backward: preprocess (D, LSE2, d_sinks partials) -> d_sinks finalize -> dq kernel -> dK dV kernel
+//   backward: preprocess (D, LSE2, d_sinks partials) -> d_sinks finalize ->
+//             deterministic:     dq kernel -> dK dV kernel
+//             non-deterministic: zero fp32 dq accumulator -> dK dV kernel with fused dQ (atomics) -> dq convert
 //             [-> d_bias reduce over broadcast dims]
 #include <cuda_runtime.h>
 
@@ -14,6 +16,7 @@
 
 #include "core/backend.hpp"
 #include "core/philox.hpp"
+#include "cuda/fp32/f32.hpp"
 #include "cuda/kernels.hpp"
 
 namespace sinkattn {
@@ -65,7 +68,8 @@ Status check_rows(const char* name, const sinkattn_tensor_t& t, const RowStrides
 
 // Workspace layout (backward): offsets in bytes, each region 256-byte aligned.
 struct Workspace {
-  size_t lse2 = 0, dp = 0, dsink = 0, dbias = 0, total = 0;
+  size_t lse2 = 0, dp = 0, dsink = 0, dbias = 0, dq = 0, total = 0;
+  bool has_dq = false;
   int n_pre_blocks = 0;
   int64_t rows_total_q = 0;
 };
@@ -87,6 +91,13 @@ Workspace workspace_layout(const Call& c) {
   if (c.plan.bias == Use::kRequired) {
     w.dbias = off;
     off = align256(off + sizeof(float) * c.b * c.h_q * c.s_q * c.s_kv);
+  }
+  // fp32 dq accumulator of the fused backward (atomics). With a bias the dq kernel runs instead: it is the one
+  // that writes dS to the d_bias workspace.
+  if (!c.deterministic && c.plan.bias != Use::kRequired) {
+    w.has_dq = true;
+    w.dq = off;
+    off = align256(off + sizeof(float) * c.h_q * w.rows_total_q * c.d);
   }
   w.total = off;
   return w;
@@ -198,6 +209,7 @@ Params make_params(const Call& c, const Workspace& w) {
     k.ws_dp = reinterpret_cast<float*>(ws + w.dp);
     k.ws_dsink = reinterpret_cast<float*>(ws + w.dsink);
     k.ws_dbias = c.plan.bias == Use::kRequired ? reinterpret_cast<float*>(ws + w.dbias) : nullptr;
+    k.ws_dq = w.has_dq ? reinterpret_cast<float*>(ws + w.dq) : nullptr;
     k.n_pre_blocks = w.n_pre_blocks;
   } else if (p.rng_seed_offset.rank > 0 && p.rng_seed_offset.data != nullptr) {
     k.rng_in = static_cast<const uint64_t*>(p.rng_seed_offset.data);
@@ -209,8 +221,10 @@ Params make_params(const Call& c, const Workspace& w) {
 template <typename T, int HD>
 cudaError_t run_tile(const Params& k, bool backward, cudaStream_t st) {
   if (!backward) return cuda::launch_fwd<T, HD>(k, st);
-  cudaError_t e = cuda::launch_bwd_dq<T, HD>(k, st);
-  if (e != cudaSuccess) return e;
+  if (k.ws_dq == nullptr) {  // deterministic: separate dq kernel, no float atomics
+    cudaError_t e = cuda::launch_bwd_dq<T, HD>(k, st);
+    if (e != cudaSuccess) return e;
+  }
   return cuda::launch_bwd_dkdv<T, HD>(k, st);
 }
 
@@ -246,7 +260,12 @@ Status run_typed(const Call& c, const Params& k, cudaStream_t st) {
   SINKATTN_CUDA_CHECK("backward preprocess kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallPreprocess, st));
   if (k.d_sinks != nullptr)
     SINKATTN_CUDA_CHECK("d_sinks kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDSinks, st));
+  if (k.ws_dq != nullptr)
+    SINKATTN_CUDA_CHECK("dq accumulator memset",
+                        cudaMemsetAsync(k.ws_dq, 0, sizeof(float) * c.h_q * k.rows_total_q * c.d, st));
   SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(tile, k, true, st));
+  if (k.ws_dq != nullptr)
+    SINKATTN_CUDA_CHECK("dq convert kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDqConvert, st));
   if (k.d_bias != nullptr)
     SINKATTN_CUDA_CHECK("d_bias kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDBias, st));
   return Status::ok();
@@ -269,9 +288,9 @@ class CudaBackend final : public Backend {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (major < 8) return unsupported("cuda backend: needs compute capability 8.0 or newer, found " + std::to_string(major) + ".x");
+    if (c.dtype == SINKATTN_F32) return cuda_f32::supports(c);  // plain fp32 SIMT path (src/cuda/fp32)
     if (c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16)
-      return unsupported(std::string("cuda backend: dtype ") + dtype_str(c.dtype) +
-                         " not supported (fp16, bf16; use the CPU backend for fp32)");
+      return unsupported(std::string("cuda backend: dtype ") + dtype_str(c.dtype) + " not supported");
     if (c.d % 8 != 0 || c.d_v % 8 != 0 || head_dim_tile(c.d, c.d_v) == 0)
       return unsupported("cuda backend: head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
                          " not supported (multiples of 8 up to 256; tiles 32, 64, 96, 128, 192, 256)");
@@ -301,11 +320,13 @@ class CudaBackend final : public Backend {
   }
 
   Status workspace_size(const Call& c, size_t* bytes) const override {
+    if (c.dtype == SINKATTN_F32) return cuda_f32::workspace_size(c, bytes);
     *bytes = workspace_layout(c).total;
     return Status::ok();
   }
 
   Status run(const Call& c) const override {
+    if (c.dtype == SINKATTN_F32) return cuda_f32::run(c);
     const Workspace w = workspace_layout(c);
     if (c.pass == Pass::kBackward && c.p->workspace_bytes < w.total)
       return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "cuda backend: workspace of " +
@@ -335,10 +356,11 @@ class CudaBackend final : public Backend {
            std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
            std::to_string(prop.totalGlobalMem >> 20) + " MiB\n";
     }
-    s += "  dtypes: fp16, bf16 (fp32 -> CPU backend)\n";
+    s += "  dtypes: fp16, bf16 (tensor cores); fp32 (plain SIMT fp32 kernels, deterministic, slow)\n";
     s += "  head dims: multiples of 8 up to 256 (d and d_v may differ), tiles 32 64 96 128 192 256\n";
-    s += "  kernels: forward; backward = preprocess (D, fused d_sinks) + dq + dK/dV (GQA summed in registers) "
-         "[+ d_bias reduce]; no float atomics (always deterministic)\n";
+    s += "  kernels: forward; backward = preprocess (D, fused d_sinks) + dK/dV (GQA summed in registers) "
+         "[+ d_bias reduce]; deterministic = 0 fuses dq into the dK/dV kernel (fp32 atomics), "
+         "deterministic = 1 uses a separate dq kernel (no float atomics)\n";
     s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
          "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
          "dropout (Philox, bit-identical to CPU), d_lse\n";

@@ -1,5 +1,5 @@
 // CUDA backend: forward kernel (SPEC.md section 2), FlashAttention-2 structure on sm_80 tensor cores.
-// Grid (query blocks, h_q, b); each warp owns 16 query rows. Q stays in shared memory; K and V blocks of the
+// Grid (query blocks, h_q, b); each warp owns kMT x 16 query rows (params.cuh). Q stays in shared memory; K and V blocks of the
 // visible band stream through a double-buffered cp.async pipeline; online softmax with the sink (softmax.cuh);
 // dropout on P for the P V product only (the normaliser l uses the undropped P, SPEC 2); epilogue writes
 // out = acc / l and softmax_lse (natural log, sink included).
@@ -15,20 +15,25 @@
 
 namespace sinkattn::cuda {
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(FwdTraits<HD>::kThreads, 1) fwd_kernel(const Params p) {
+// kExtra: the call has a bias or dropout. The common variant (false) compiles both out, so its mainloop is the
+// products, the edge-tile mask and the online softmax only.
+// kMinB, kBN: launch-bounds minimum blocks per SM and keys per step (FwdTraits by default).
+template <typename T, int HD, bool kExtra, int kMinB = FwdTraits<HD>::kMinBlocks, int kBN = FwdTraits<HD>::kBlockN>
+__global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(const Params p) {
   using Tr = FwdTraits<HD>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, NT = BN / 8, NO = HD / 8;
+  constexpr int BM = Tr::kBlockM, BN = kBN, LD = Tr::kStride, NT = BN / 8, NO = HD / 8, MT = Tr::kMT;
+  constexpr int WM = 16 * MT;  // query rows per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * LD;       // [2][BN][LD]
   T* sV = sK + 2 * BN * LD;   // [2][BN][LD]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int h = blockIdx.y, n = blockIdx.z;
+  const TileCoord tc = scheduled_tile(p.window_right >= 0);
+  const int h = tc.head, n = tc.batch;
   const int hk = h / p.group;
   const SeqInfo sq = seq_info(p, n);
-  const int m0 = scheduled_block(p.window_right >= 0) * BM;
+  const int m0 = tc.block * BM;
   if (m0 >= sq.rows_q) return;
 
   T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
@@ -60,12 +65,17 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, 1) fwd_kernel(const P
   }
   cp_async_commit();
 
-  OnlineSoftmax<NT> sm;
-  sm.init(sigma, lane);
-  float acc[NO][4];
-  zero_acc(acc);
-  const Dropout dp(p, n, h);
-  const int row_w = m0 + warp * 16;  // first query row of this warp (within the sequence)
+  OnlineSoftmax<NT> sm[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) sm[mt].init(sigma, lane);
+  float acc[MT][NO][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
+  const int row_w = m0 + warp * WM;  // first query row of this warp (within the sequence)
+  // Keys this warp's rows can see: key blocks outside [kw_lo, kw_hi) are skipped by this warp alone (a band's
+  // corners, the causal diagonal); skipping is exact: an all-masked tile changes neither m, l nor acc.
+  int kw_lo = 0, kw_hi = 0;
+  if (row_w < sq.len_q) mk.key_range(row_w, min(row_w + WM, sq.len_q), kw_lo, kw_hi);
 
   for (int nb = nb_lo; nb < nb_hi; ++nb) {
     const int buf = (nb - nb_lo) & 1;
@@ -81,49 +91,69 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, 1) fwd_kernel(const P
     cp_async_commit();
 
     const int j0 = nb * BN;
-    float s[NT][4];
-    zero_acc(s);
-    gemm_abt<T, NT, HD, LD>(s, sQ + warp * 16 * LD, sK + buf * BN * LD, lane);
-    const bool need_mask = !mk.tile_all_visible(m0, BM, j0, BN);
-    make_logits<T, NT, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
-
-    float alpha[2];
-    sm.step(s, alpha);
+    if (j0 >= kw_hi || j0 + BN <= kw_lo) continue;  // warp-uniform; the next __syncthreads is at the loop top
+    float s[MT][NT][4];
 #pragma unroll
-    for (int o = 0; o < NO; ++o) {
-      acc[o][0] *= alpha[0];
-      acc[o][1] *= alpha[0];
-      acc[o][2] *= alpha[1];
-      acc[o][3] *= alpha[1];
+    for (int mt = 0; mt < MT; ++mt) zero_acc(s[mt]);
+    gemm_abt_m<T, MT, NT, HD, LD>(s, sQ + warp * WM * LD, sK + buf * BN * LD, lane);
+    // Per-warp decision (warp-uniform): only tiles on the band's edges or the sequence end are masked.
+    const bool need_mask = !mk.tile_all_visible(row_w, WM, j0, BN);
+    // Interior tiles without bias keep the raw products; the softmax folds the scale into its exp2 argument.
+    const bool fold = !need_mask && !(kExtra && p.bias != nullptr) && p.scale_log2 > 0.f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if (!fold) make_logits<T, NT, false, kExtra>(s[mt], p, mk, need_mask, n, h, row_w + mt * 16, j0, lane);
+      float alpha[2];
+      sm[mt].step(s[mt], alpha, fold ? p.scale_log2 : 1.f);
+      // Rescale only when some row's maximum moved (warp vote): with a sink at or above the scores (or once
+      // the maximum has settled) alpha is exactly 1 and the multiplies are skipped.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int o = 0; o < NO; ++o) {
+          acc[mt][o][0] *= alpha[0];
+          acc[mt][o][1] *= alpha[0];
+          acc[mt][o][2] *= alpha[1];
+          acc[mt][o][3] *= alpha[1];
+        }
+      }
     }
-    if (p.dropout) {
+    if (kExtra && p.dropout) {
+      const Dropout dp(p, n, h);
       const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_w + g + ((e & 2) ? 8 : 0), j = j0 + nt * 8 + 2 * t + (e & 1);
-          if (s[nt][e] != 0.f) s[nt][e] *= dp.factor(i, j, p.s_kv);
-        }
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = row_w + mt * 16 + g + ((e & 2) ? 8 : 0), j = j0 + nt * 8 + 2 * t + (e & 1);
+            if (s[mt][nt][e] != 0.f) s[mt][nt][e] *= dp.factor(i, j, p.s_kv);
+          }
     }
-    gemm_pb<T, NT, NO, LD>(acc, s, sV + buf * BN * LD, lane);
+    gemm_pb_m<T, MT, NT, NO, LD>(acc, s, sV + buf * BN * LD, lane);
   }
   cp_async_wait<0>();
 
   // Epilogue: out_i = acc_i / l_i (0 for a row that saw nothing), LSE_i (SPEC 2).
-  float inv0, inv8, lse0, lse8;
-  sm.finalize(0, inv0, lse0);
-  sm.finalize(1, inv8, lse8);
   // Rows [len_q, rows_q) of a dense batch are padding: written as exact zeros (their Q rows were zero-filled,
   // so acc is finite there). Varlen sequences own exactly len_q rows.
   const int g = lane >> 2;
-  const int rows_valid = sq.rows_q - row_w;
-  if (row_w + g >= sq.len_q) inv0 = 0.f;
-  if (row_w + g + 8 >= sq.len_q) inv8 = 0.f;
-  store_fragment<T, NO>(out + warp * 16 * p.out_st.s, p.out_st.s, rows_valid, p.d_v, acc, inv0, inv8, lane);
-  if ((lane & 3) == 0) {
-    if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g) * p.lse_s] = lse0;
-    if (g + 8 < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g + 8) * p.lse_s] = lse8;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int row_m = row_w + mt * 16;
+    float inv0, inv8, lse0, lse8;
+    sm[mt].finalize(0, inv0, lse0);
+    sm[mt].finalize(1, inv8, lse8);
+    const int rows_valid = sq.rows_q - row_m;
+    if (row_m + g >= sq.len_q) inv0 = 0.f;
+    if (row_m + g + 8 >= sq.len_q) inv8 = 0.f;
+    store_fragment<T, NO>(out + (warp * WM + mt * 16) * p.out_st.s, p.out_st.s, rows_valid, p.d_v, acc[mt], inv0,
+                          inv8, lane);
+    if ((lane & 3) == 0) {
+      if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_m + g) * p.lse_s] = lse0;
+      if (g + 8 < rows_valid)
+        p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_m + g + 8) * p.lse_s] = lse8;
+    }
   }
 }
 

@@ -26,7 +26,7 @@ cudaError_t launch_bwd_dq(const Params& p, cudaStream_t stream);
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, cudaStream_t stream);
 
-enum SmallKernel { kSmallPreprocess = 0, kSmallDSinks = 1, kSmallDBias = 2 };
+enum SmallKernel { kSmallPreprocess = 0, kSmallDSinks = 1, kSmallDBias = 2, kSmallDqConvert = 3 };
 template <typename T>
 cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream);
 

@@ -55,3 +55,81 @@ __device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
 }
 
 }  // namespace sinkattn::cuda
+
+namespace sinkattn::cuda {
+
+// Multi-m-tile variants: a warp owns MT x 16 rows, so every K / V fragment read from shared memory (ldmatrix)
+// feeds MT tensor-core products instead of one (halves shared-memory traffic per FLOP at MT = 2).
+//   gemm_abt_m: acc[mt](16 x N) += A[mt](16 x K) * B(N x K)^T,  A rows mt * 16 .. mt * 16 + 15 of sA
+//   gemm_pb_m:  acc[mt](16 x N) += P[mt](16 x K) * B(K x N)
+template <typename T, int MT, int NT, int KD, int LD>
+__device__ __forceinline__ void gemm_abt_m(float (&acc)[MT][NT][4], const T* sA, const T* sB, int lane) {
+  static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldmatrix_x4(a[mt], sA + (mt * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        ElemTraits<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
+        ElemTraits<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <typename T, int MT, int NK, int NO, int LD>
+__device__ __forceinline__ void gemm_pb_m(float (&acc)[MT][NO][4], const float (&p)[MT][NK][4], const T* sB,
+                                          int lane) {
+  static_assert(NK % 2 == 0 && NO % 2 == 0, "tile shape");
+#pragma unroll
+  for (int kc = 0; kc < NK / 2; ++kc) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = ElemTraits<T>::pack(p[mt][2 * kc][0], p[mt][2 * kc][1]);
+      a[mt][1] = ElemTraits<T>::pack(p[mt][2 * kc][2], p[mt][2 * kc][3]);
+      a[mt][2] = ElemTraits<T>::pack(p[mt][2 * kc + 1][0], p[mt][2 * kc + 1][1]);
+      a[mt][3] = ElemTraits<T>::pack(p[mt][2 * kc + 1][2], p[mt][2 * kc + 1][3]);
+    }
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + np * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        ElemTraits<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
+        ElemTraits<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc(16 x NC * 8) += A(16 x KD) * B(KD x NC * 8) with A stored TRANSPOSED in shared memory (sAt[k][m], row
+// stride LDA; sAt points at the tile's first m column) and B row-major (sB[k][n], row stride LDB; sB points at
+// the tile's first n column). Used for dQ += dS K in the fused backward, dS^T being held per key row.
+// ldmatrix .trans of the stored [k][m] 8x8 blocks gives thread (g, t) A(m = g, k = 2t, 2t + 1): the A layout.
+template <typename T, int NC, int KD, int LDA, int LDB>
+__device__ __forceinline__ void gemm_atb(float (&acc)[NC][4], const T* sAt, const T* sB, int lane) {
+  static_assert(NC % 2 == 0 && KD % 16 == 0, "tile shape");
+#pragma unroll
+  for (int kc = 0; kc < KD / 16; ++kc) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, sAt + (kc * 16 + (lane / 16) * 8 + (lane % 8)) * LDA + ((lane / 8) % 2) * 8);
+#pragma unroll
+    for (int np = 0; np < NC / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDB + np * 16 + (lane / 16) * 8);
+      ElemTraits<T>::mma(acc[2 * np], a, b[0], b[1]);
+      ElemTraits<T>::mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+}  // namespace sinkattn::cuda

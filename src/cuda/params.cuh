@@ -67,6 +67,7 @@ struct Params {
   float* ws_dp;        // [h_q][rows_total_q]: D_i - d_lse_i
   float* ws_dsink;     // [h_q][b][n_pre_blocks]: per-block partial sums of d_sinks
   float* ws_dbias;     // [b][h_q][s_q][s_kv]: dS (fp32), reduced over broadcast dims afterwards
+  float* ws_dq;        // [h_q][rows_total_q][d]: fp32 sum_j dS_ij k_j (atomics; non-deterministic mode only)
   int n_pre_blocks;
 };
 
@@ -112,14 +113,19 @@ __device__ __forceinline__ int64_t ws_row(const Params& p, const SeqInfo& s, int
 }
 
 // ---- tile shapes ----
-// Forward and dq kernels: one warp owns 16 query rows; BLOCK_N keys per mainloop step.
+// Forward: 4 warps; each warp owns kMT x 16 query rows (kMT = 2 up to head dim 128, as FlashAttention-2's
+// 128 x 64 tiles: every K / V fragment loaded from shared memory feeds two m-tiles); BLOCK_N keys per step.
 template <int HD>
 struct FwdTraits {
-  static constexpr int kWarps = HD <= 128 ? 8 : 4;
+  static constexpr int kWarps = 4;
+  static constexpr int kMT = HD <= 128 ? 2 : 1;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = 16 * kWarps;
-  static constexpr int kBlockN = HD <= 128 ? 64 : 32;
+  static constexpr int kBlockM = 16 * kMT * kWarps;
+  // 32 above 64 (the S tile fits beside a 32-row O accumulator), except the head-dim-128 variant without bias /
+  // dropout, which launch.cuh runs with 64 (measured faster despite a few spilled registers).
+  static constexpr int kBlockN = HD <= 64 ? 64 : 32;
   static constexpr int kStride = HD + 8;
+  static constexpr int kMinBlocks = HD == 64 ? 3 : (HD <= 128 ? 2 : 1);  // __launch_bounds__ min blocks per SM
   // Q + double-buffered K and V
   static constexpr int kSmem = (kBlockM + 4 * kBlockN) * kStride * 2;
 };
@@ -135,15 +141,19 @@ struct DqTraits {
   static constexpr int kSmem = (2 * kBlockM + 4 * kBlockN) * kStride * 2;
 };
 
-// dK/dV kernel: one warp owns 16 keys; BLOCK_M query rows per step (double-buffered Q, dO, LSE, D).
+// dK/dV kernel: one warp owns 16 keys (8 warps = 128 keys up to head dim 128); BLOCK_M query rows per step
+// (double-buffered Q, dO, LSE, D). With a dq accumulator (non-deterministic mode) dS of the step is staged in
+// shared memory (sdS [BLOCK_N keys][BLOCK_M + 8]) and dQ += dS K is added to the fp32 accumulator with atomics.
 template <int HD>
 struct DkvTraits {
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = HD <= 128 ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;
   static constexpr int kBlockM = HD <= 128 ? 64 : 32;
   static constexpr int kStride = HD + 8;
-  static constexpr int kSmem = (2 * kBlockN + 4 * kBlockM) * kStride * 2 + 4 * kBlockM * 4;
+  static constexpr int kStrideS = kBlockM + 8;  // sdS row stride (elements)
+  static constexpr int kSmem =
+      (2 * kBlockN + 4 * kBlockM) * kStride * 2 + 4 * kBlockM * 4 + kBlockN * kStrideS * 2;
 };
 
 }  // namespace sinkattn::cuda

@@ -19,11 +19,49 @@ __device__ __forceinline__ float bias_at(const Params& p, int n, int h, int i, i
   return ElemTraits<T>::to_float(static_cast<const T*>(p.bias)[off]);
 }
 
-template <typename T, int NT, bool kTransposed>
+// kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path).
+template <typename T, int NT, bool kTransposed, bool kMayBias = true>
 __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, const Mask& mk, bool need_mask, int n,
                                             int h, int row0, int col0, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const bool has_bias = p.bias != nullptr;
+  const bool has_bias = kMayBias && p.bias != nullptr;
+  if (!need_mask && !has_bias) {  // common path (interior tile, no bias): branch-free scaling only
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+    return;
+  }
+  if (!has_bias) {
+    // Edge tile without bias: each of the thread's two fragment rows sees one contiguous column range
+    // [lo, hi) (the mask of SPEC 2 is a band), computed once per row; then two compares per element.
+    int lo[2], hi[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = row0 + g + 8 * rr;
+      int64_t a = 0, b = 0;
+      if (!kTransposed && r < mk.len_q) {  // row = query i: keys j with i + off - wl <= j <= i + off + wr
+        a = mk.wl < 0 ? 0 : static_cast<int64_t>(r) + mk.off - mk.wl;
+        b = mk.wr < 0 ? mk.len_kv : min(static_cast<int64_t>(mk.len_kv), static_cast<int64_t>(r) + mk.off + mk.wr + 1);
+      } else if (kTransposed && r < mk.len_kv) {  // row = key j: queries i with j - off - wr <= i <= j - off + wl
+        a = mk.wr < 0 ? 0 : static_cast<int64_t>(r) - mk.off - mk.wr;
+        b = mk.wl < 0 ? mk.len_q : min(static_cast<int64_t>(mk.len_q), static_cast<int64_t>(r) - mk.off + mk.wl + 1);
+      }
+      a = max(a, static_cast<int64_t>(0));
+      if (b < a) b = a;
+      lo[rr] = static_cast<int>(a);
+      hi[rr] = static_cast<int>(b);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = col0 + nt * 8 + 2 * t + (e & 1);
+        const int rr = e >> 1;
+        s[nt][e] = (c >= lo[rr] && c < hi[rr]) ? s[nt][e] * p.scale_log2 : -INFINITY;
+      }
+    return;
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -33,13 +71,11 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
       const int i = kTransposed ? c : r;
       const int j = kTransposed ? r : c;
       float x = s[nt][e] * p.scale_log2;
-      if (need_mask || has_bias) {
-        const bool vis = mk.visible(i, j) && i < mk.len_q;
-        if (!vis) {
-          x = -INFINITY;
-        } else if (has_bias) {
-          x += bias_at<T>(p, n, h, i, j) * kLog2e;
-        }
+      const bool vis = mk.visible(i, j) && i < mk.len_q;
+      if (!vis) {
+        x = -INFINITY;
+      } else if (has_bias) {
+        x += bias_at<T>(p, n, h, i, j) * kLog2e;
       }
       s[nt][e] = x;
     }

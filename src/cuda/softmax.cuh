@@ -24,23 +24,26 @@ struct OnlineSoftmax {
     l[0] = l[1] = (m0 != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
   }
 
-  // s: base-2 scores of this step (masked = -inf). Replaces s by p = exp2(s - m_new) and returns the
-  // factors alpha = exp2(m_old - m_new) that the output accumulator must be multiplied by.
-  __device__ __forceinline__ void step(float (&s)[NT][4], float (&alpha)[2]) {
+  // s: scores of this step in units of 1 / sc (masked = -inf): x = sc * s is the base-2 score, sc > 0 (the
+  // forward passes raw Q.K products with sc = softmax_scale * log2(e) on interior tiles, saving a multiply per
+  // element; max(sc * s) = sc * max(s) for sc > 0, exactly, as rounding is monotonic). Replaces s by
+  // p = exp2(x - m_new) and returns the factors alpha = exp2(m_old - m_new) that the output accumulator must
+  // be multiplied by.
+  __device__ __forceinline__ void step(float (&s)[NT][4], float (&alpha)[2], float sc = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
+      float mr = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = quad_max(mx);
+      for (int nt = 0; nt < NT; ++nt) mr = fmaxf(mr, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      const float mx = fmaxf(m[r], quad_max(mr) * sc);
       const float ref = mx == -INFINITY ? 0.f : mx;
       alpha[r] = fast_exp2(m[r] - ref);
       m[r] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - ref);
-        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - ref);
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], sc, -ref));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], sc, -ref));
         sum += s[nt][2 * r] + s[nt][2 * r + 1];
       }
       l[r] = l[r] * alpha[r] + sum;

@@ -32,6 +32,11 @@ namespace {
 int g_failures = 0;
 int g_checks = 0;
 bool g_verbose = false;
+bool g_always_ref = false;  // --ref: compare with the float64 reference whatever the size
+// --cpu-only: no GPU needed; runs the CPU backend part of every configuration (NaN-poisoned outputs, written
+// checks) and judges it by SPEC.md section 5 where the reference runs. Exercises the suite's own logic
+// (configurations, fp32 edge cases, the SPEC 5 judge) on a machine without a GPU.
+bool g_cpu_only = false;
 
 #define CUDA_OK(expr)                                                                                   \
   do {                                                                                                  \
@@ -85,7 +90,7 @@ struct Buf {
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   ~Buf() {
-    if (dev) cudaFree(dev);
+    if (dev && !g_cpu_only) cudaFree(dev);
   }
   void alloc(sinkattn_dtype_t dt, std::vector<int64_t> shape, std::vector<int64_t> strides, size_t elems) {
     bytes = std::max<size_t>(elems, 1) * esize(dt);
@@ -97,7 +102,10 @@ struct Buf {
       t.strides[i] = strides[i];
     }
     t.data = host.data();
-    CUDA_OK(cudaMalloc(&dev, bytes));
+    if (g_cpu_only)
+      dev = host.data();  // only marks the tensor as present; nothing is ever run on it
+    else
+      CUDA_OK(cudaMalloc(&dev, bytes));
   }
   void set(size_t idx, float v) {
     switch (t.dtype) {
@@ -108,8 +116,11 @@ struct Buf {
     }
   }
   void set_i32(size_t idx, int32_t v) { std::memcpy(host.data() + idx * 4, &v, 4); }
-  void upload() { CUDA_OK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice)); }
+  void upload() {
+    if (!g_cpu_only) CUDA_OK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
   void poison_dev() { CUDA_OK(cudaMemset(dev, 0xFF, bytes)); }  // NaN in fp16, bf16 and fp32
+  void poison_host() { std::memset(host.data(), 0xFF, host.size()); }  // NaN before a CPU call
   void download_to(std::vector<unsigned char>& dst) const {
     dst.resize(bytes);
     CUDA_OK(cudaMemcpy(dst.data(), dev, bytes, cudaMemcpyDeviceToHost));
@@ -137,6 +148,10 @@ struct Config {
   bool bias_f32 = true;
   float bias_const = NAN;
   bool q_zero = false;
+  // fp32 with every logit shifted by a large constant (edge case no-finite-minus-inf-sentinel, shift -1e5): the
+  // shifted logits carry fp32 rounding of ulp(1e5) / 2 ~ 4e-3 absolute, so no fp32 evaluation meets SPEC 5's
+  // 1e-5 on `out`; like tests/test_edge_cases.cpp (no_finite_sentinel), `out` is held to 2e-2 of float64 there.
+  bool fp32_shifted_logits = false;
   bool grad = true, d_lse = false, deterministic = false;
   int layout = 0;  // 0 BSHD / THD, 1 BHSD / HTD, 2 SBHD (padded head stride)
   bool poison = true;
@@ -150,6 +165,12 @@ struct Config {
       << " st=" << st << " win=(" << wl << "," << wr << ") align=" << align << " p=" << p << " bias=" << bias
       << (bias.empty() ? "" : bias_f32 ? "/f32" : "/lowp") << " grad=" << grad << " dlse=" << d_lse
       << " det=" << deterministic << " layout=" << layout << "]";
+    if (!len_q.empty()) {  // per-sequence lengths (padded / varlen), to reproduce a failure
+      o << " len_q=";
+      for (size_t n = 0; n < len_q.size(); ++n) o << (n ? "," : "") << len_q[n];
+      o << " len_kv=";
+      for (size_t n = 0; n < len_kv.size(); ++n) o << (n ? "," : "") << len_kv[n];
+    }
     return o.str();
   }
 };
@@ -374,30 +395,63 @@ sinkattn_params_t make_params(Problem& P, bool dev, bool backward) {
 }
 
 // ---------------------------------------------------------------- checks
-struct Failure {
-  std::string what;
-};
-
 bool has_nan(const sinkattn::ref::Array& a) {
   for (double x : a.data)
     if (std::isnan(x)) return true;
   return false;
 }
 
-double rel_err(const sinkattn::ref::Array& a, const sinkattn::ref::Array& r) {
-  if (a.data.size() != r.data.size()) return INFINITY;
+double max_abs(const sinkattn::ref::Array& a) {  // over finite values
+  double m = 0;
+  for (double x : a.data)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// One unit in the last place of `dtype` at magnitude x (x = 0: the smallest subnormal step): fp16 has 10
+// mantissa bits and subnormal step 2^-24 (5.96e-8), bf16 7 bits, fp32 23 bits.
+double ulp(sinkattn_dtype_t dtype, double x) {
+  const int mant = dtype == SINKATTN_F32 ? 23 : dtype == SINKATTN_F16 ? 10 : 7;
+  const int min_exp = dtype == SINKATTN_F32 ? -126 : dtype == SINKATTN_F16 ? -14 : -126;  // smallest normal
+  int e = min_exp;
+  if (x > 0 && std::isfinite(x)) e = std::max(min_exp, std::ilogb(x));
+  return std::ldexp(1.0, e - mant);
+}
+
+// CUDA against the CPU backend, used as the verdict only when the float64 reference does not run:
+//   max|a - c| <= tol * max(max|c|, floor) + 2 * ulp(dtype at max|c|)
+// (floor: a natural magnitude of the output, so that values that are 0 by cancellation or fp16 subnormals do
+// not turn rounding noise into a failure). Infinities must agree exactly; NaN on either side fails.
+struct Cmp {
+  std::string msg;
+  bool pass = false;
+};
+Cmp compare_cpu(const char* name, const sinkattn::ref::Array& a, const sinkattn::ref::Array& c, sinkattn_dtype_t dt,
+                double tol, double floor) {
   double num = 0, den = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i], y = r.data[i];
-    if (std::isnan(x) || std::isnan(y)) return INFINITY;
-    if (std::isinf(x) || std::isinf(y)) {
-      if (x != y) return INFINITY;
-      continue;
+  bool bad = a.data.size() != c.data.size();
+  for (size_t i = 0; !bad && i < a.data.size(); ++i) {
+    const double x = a.data[i], y = c.data[i];
+    if (std::isnan(x) || std::isnan(y) || ((std::isinf(x) || std::isinf(y)) && x != y)) {
+      bad = true;
+      break;
     }
+    if (std::isinf(x)) continue;
     num = std::max(num, std::fabs(x - y));
     den = std::max(den, std::fabs(y));
   }
-  return num / std::max(den, 1e-6);
+  const double scale = std::max({den, floor, 1e-6});
+  const double allowed = tol * scale + 2 * ulp(dt, den);
+  Cmp r;
+  r.pass = !bad && num <= allowed;
+  char buf[256];
+  if (bad)
+    std::snprintf(buf, sizeof buf, "%s vs cpu: NaN, or infinities that differ%s", name, has_nan(c) ? " [cpu has NaN]" : "");
+  else
+    std::snprintf(buf, sizeof buf, "%s vs cpu: max abs diff %.3g > allowed %.3g (tol %.3g x scale %.3g + 2 ulp)", name,
+                  num, allowed, tol, scale);
+  r.msg = buf;
+  return r;
 }
 
 // Zero LSE entries of dense padding rows (unspecified by SPEC 2).
@@ -410,6 +464,7 @@ void mask_lse(sinkattn::ref::Array& a, const Config& c) {
 
 struct Ctx {
   std::vector<std::string> errors;
+  std::vector<std::string> notes;  // printed with a failure (and with -v): CUDA-vs-CPU when the reference judged
   void fail(const std::string& s) { errors.push_back(s); }
   void check(bool ok, const std::string& s) {
     ++g_checks;
@@ -422,11 +477,92 @@ sinkattn::ref::Array read_dev(const Buf& b, std::vector<unsigned char>& store) {
   return sinkattn::ref::read_tensor(b.view_of(store));
 }
 
-bool run_one(Problem& P, Ctx& ctx, bool with_reference) {
+// Every element SPEC.md defines must have been written (outputs are NaN-poisoned before each call): every
+// element of out, dq, dk, dv (padding rows / invisible keys are 0), d_sinks, d_bias, and softmax_lse (padding
+// rows: "finite or -inf, never NaN", SPEC 2). The suite's buffers hold no row outside a sequence.
+void check_written(Ctx& ctx, const char* who, const char* name, const sinkattn::ref::Array& a) {
+  ctx.check(!has_nan(a), std::string(who) + " " + name + ": NaN left in an element SPEC.md defines (not written?)");
+}
+
+const sinkattn::ref::Array* field_of(const sinkattn::ref::Result& r, const std::string& name) {
+  return name == "out" ? &r.out : name == "softmax_lse" ? &r.softmax_lse : name == "dq" ? &r.dq : name == "dk" ? &r.dk
+         : name == "dv" ? &r.dv : name == "d_sinks" ? &r.d_sinks : name == "d_bias" ? &r.d_bias : nullptr;
+}
+
+// SPEC.md section 5 verdict for one backend's results: the error table (fp32: 1e-5 out / lse, 1e-4 gradients;
+// fp16 / bf16: 2x plain low precision + 1e-3). fp32 dq, dk, d_bias that are 0 by cancellation (dS = 0 in exact
+// arithmetic, e.g. single-key vanilla rows; the float64 reference then holds 0, or rounding noise of the stored
+// fp32 `out` that D reads, ~1e-7 relative, when dropout rescales it) make err = max|x - ref| / max|ref|
+// ill-conditioned: when max|ref| <= 1e-5 * max|dv| they are bounded absolutely instead,
+// max|x - ref| <= 1e-5 * max|dv| (as SingleKey.VanillaGradientsCancel in tests/test_attention.cpp).
+void judge_spec5(Ctx& ctx, const char* who, const sinkattn::ref::Result& act, const sinkattn::ref::Result& r64,
+                 const sinkattn::ref::Result& lowp, const Config& c) {
+  const sinkattn_dtype_t dtype = c.dtype;
+  char buf[320];
+  const double dv_scale = max_abs(r64.dv);
+  for (const auto& row : sinkattn::ref::error_table(act, r64, lowp, dtype)) {
+    const sinkattn::ref::Array* ra = row.name == "dq" ? &r64.dq : row.name == "dk" ? &r64.dk
+                                     : row.name == "d_bias" ? &r64.d_bias : nullptr;
+    const sinkattn::ref::Array* aa = row.name == "dq" ? &act.dq : row.name == "dk" ? &act.dk
+                                     : row.name == "d_bias" ? &act.d_bias : nullptr;
+    if (dtype == SINKATTN_F32 && ra && !ra->data.empty() && max_abs(*ra) <= 1e-5 * dv_scale) {
+      // row.err * max(max|ref|, 1e-6) is max|x - ref| (inf on NaN); relative_error's own definition, undone.
+      const double m = has_nan(*aa) ? INFINITY : row.err * std::max(max_abs(*ra), 1e-6);
+      std::snprintf(buf, sizeof buf,
+                    "%s SPEC 5 %s (fp32, 0 by cancellation: max|fp64| %.3g): max|x - fp64| %.3g > 1e-5 * max|dv| = %.3g",
+                    who, row.name.c_str(), max_abs(*ra), m, 1e-5 * dv_scale);
+      ctx.check(m <= 1e-5 * dv_scale, buf);
+      continue;
+    }
+    if (dtype == SINKATTN_F32 && c.fp32_shifted_logits && row.name == "out") {
+      std::snprintf(buf, sizeof buf, "%s out (fp32, logits shifted by a large constant): err %.3g vs fp64 > 2e-2", who,
+                    row.err);
+      ctx.check(row.err <= 2e-2, buf);
+      continue;
+    }
+    const sinkattn::ref::Array* rr = field_of(r64, row.name);
+    const sinkattn::ref::Array* xx = field_of(act, row.name);
+    std::snprintf(buf, sizeof buf,
+                  "%s SPEC 5 %s: err %.3g vs fp64 > tol %.3g (plain low precision %.3g; max|fp64| %.3g, max|x| %.3g, "
+                  "max|dv| %.3g)",
+                  who, row.name.c_str(), row.err, row.tolerance, row.lowp_err, rr ? max_abs(*rr) : NAN,
+                  xx ? max_abs(*xx) : NAN, dv_scale);
+    ctx.check(row.pass, buf);
+  }
+}
+
+// The float64 reference (and the plain low-precision one) of the call, with the suite's conventions applied.
+void reference_results(Problem& P, bool grad, sinkattn::ref::Result& r64, sinkattn::ref::Result& lowp) {
+  const Config& c = P.cfg;
+  sinkattn_params_t rp = make_params(P, false, grad);
+  r64 = sinkattn::ref::evaluate(rp, grad, sinkattn::ref::Precision::kFloat64);
+  if (c.dtype != SINKATTN_F32) lowp = sinkattn::ref::evaluate(rp, grad, sinkattn::ref::Precision::kPlainLowPrecision);
+  mask_lse(r64.softmax_lse, c);
+  mask_lse(lowp.softmax_lse, c);
+  if (c.mode == 1) {  // padding rows: out = 0 in every result; the reference may leave them undefined
+    for (auto* arr : {&r64.out, &lowp.out})
+      for (int n = 0; n < c.b; ++n)
+        for (int i = c.len_q[n]; i < c.s_q; ++i)
+          for (int h = 0; h < c.h_q; ++h)
+            for (int x = 0; x < c.d_v; ++x)
+              if (!arr->data.empty()) arr->data[((static_cast<size_t>(n) * c.s_q + i) * c.h_q + h) * c.d_v + x] = 0;
+  }
+}
+
+// Reference work above which a failing CUDA-vs-CPU comparison is not re-judged here (tools/gpu-check.sh reruns
+// failing sweep configurations with --ref instead).
+constexpr double kMaxFailureRefWork = 4e9;
+// b * h_q * s_q * s_kv * (d + d_v) below which the reference always runs.
+constexpr double kRefWork = 1.2e8;
+
+bool run_one(Problem& P, Ctx& ctx, bool with_reference, double work) {
   Config& c = P.cfg;
   build(P);
   const bool grad = c.grad;
-  // ---- CPU backend (host memory) ----
+  const bool f32 = c.dtype == SINKATTN_F32;
+  // ---- CPU backend (host memory), outputs NaN-poisoned ----
+  for (Buf* b : {&P.out, &P.lse, &P.dq, &P.dk, &P.dv, &P.d_sinks, &P.d_bias})
+    if (b->dev) b->poison_host();
   sinkattn_params_t hp = make_params(P, false, false);
   size_t ws = 0;
   if (sinkattn_forward_workspace_size(&hp, &ws) != SINKATTN_OK) {
@@ -457,6 +593,37 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference) {
       ctx.fail(std::string("cpu backward: ") + sinkattn_last_error());
       return false;
     }
+  }
+  sinkattn::ref::Result cpu;
+  cpu.out = sinkattn::ref::read_tensor(P.out.view_of(cpu_out));
+  cpu.softmax_lse = sinkattn::ref::read_tensor(P.lse.view_of(cpu_lse));
+  check_written(ctx, "cpu", "out", cpu.out);
+  check_written(ctx, "cpu", "softmax_lse", cpu.softmax_lse);
+  mask_lse(cpu.softmax_lse, c);
+  if (grad) {
+    cpu.dq = sinkattn::ref::read_tensor(P.dq.host_view());
+    cpu.dk = sinkattn::ref::read_tensor(P.dk.host_view());
+    cpu.dv = sinkattn::ref::read_tensor(P.dv.host_view());
+    if (P.d_sinks.dev) cpu.d_sinks = sinkattn::ref::read_tensor(P.d_sinks.host_view());
+    if (P.d_bias.dev) cpu.d_bias = sinkattn::ref::read_tensor(P.d_bias.host_view());
+    check_written(ctx, "cpu", "dq", cpu.dq);
+    check_written(ctx, "cpu", "dk", cpu.dk);
+    check_written(ctx, "cpu", "dv", cpu.dv);
+    if (P.d_sinks.dev) check_written(ctx, "cpu", "d_sinks", cpu.d_sinks);
+    if (P.d_bias.dev) check_written(ctx, "cpu", "d_bias", cpu.d_bias);
+  }
+
+  if (g_cpu_only) {  // no GPU: judge the CPU backend by SPEC 5 where the reference runs, and stop
+    if (with_reference) {
+      try {
+        sinkattn::ref::Result r64, lowp;
+        reference_results(P, grad, r64, lowp);
+        judge_spec5(ctx, "cpu", cpu, r64, lowp, c);
+      } catch (const std::exception& e) {
+        ctx.fail(std::string("reference: ") + e.what());
+      }
+    }
+    return true;
   }
 
   // ---- CUDA backend: forward with NaN-poisoned outputs (to separate device buffers) ----
@@ -511,19 +678,15 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference) {
   sinkattn::ref::Array a_out = read_dev(g_out, s_out), a_lse = read_dev(g_lse, s_lse);
   g_rng.download_to(s_rng);
   ctx.check(std::memcmp(s_rng.data(), P.rng.host.data(), 16) == 0, "rng_state not written as {seed, offset}");
-  sinkattn::ref::Array c_out = sinkattn::ref::read_tensor(P.out.view_of(cpu_out));
-  sinkattn::ref::Array c_lse = sinkattn::ref::read_tensor(P.lse.view_of(cpu_lse));
+  check_written(ctx, "cuda", "out", a_out);
+  check_written(ctx, "cuda", "softmax_lse", a_lse);
   mask_lse(a_lse, c);
-  mask_lse(c_lse, c);
-  const double tol = 2e-2;
-  char buf[256];
-  {
-    const double e1 = rel_err(a_out, c_out), e2 = rel_err(a_lse, c_lse);
-    std::snprintf(buf, sizeof buf, "out vs cpu: rel err %.3g (tol %.3g)", e1, tol);
-    ctx.check(e1 <= tol, buf);
-    std::snprintf(buf, sizeof buf, "softmax_lse vs cpu: rel err %.3g (tol %.3g)", e2, 1e-3);
-    ctx.check(e2 <= 1e-3, buf);
-  }
+  // CUDA vs CPU, per output (a verdict only when the float64 reference does not run; see compare_cpu). Both
+  // backends are held to SPEC 5, so they may differ by twice its budget: fp32 2e-5 (out, lse), 2e-4 (gradients).
+  const double tol = f32 ? 2e-4 : 2e-2;
+  std::vector<Cmp> vs_cpu;
+  vs_cpu.push_back(compare_cpu("out", a_out, cpu.out, c.dtype, f32 ? 2e-5 : 2e-2, 1e-6));
+  vs_cpu.push_back(compare_cpu("softmax_lse", a_lse, cpu.softmax_lse, SINKATTN_F32, f32 ? 2e-5 : 1e-3, 1e-6));
   // Padding rows of a dense batch: out = 0 exactly.
   if (c.mode == 1) {
     bool zero = true;
@@ -607,23 +770,20 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference) {
     actual.dv = rd(g_dv, first[2]);
     if (g_ds.dev) actual.d_sinks = rd(g_ds, first[3]);
     if (g_db.dev) actual.d_bias = rd(g_db, first[4]);
-    struct Pair {
-      const char* name;
-      sinkattn::ref::Array* a;
-      Buf* cpu;
-    } pairs[] = {{"dq", &actual.dq, &P.dq},
-                 {"dk", &actual.dk, &P.dk},
-                 {"dv", &actual.dv, &P.dv},
-                 {"d_sinks", &actual.d_sinks, &P.d_sinks},
-                 {"d_bias", &actual.d_bias, &P.d_bias}};
-    for (auto& pr : pairs) {
-      if (!pr.cpu->dev) continue;
-      const sinkattn::ref::Array cref = sinkattn::ref::read_tensor(pr.cpu->host_view());
-      const double e = rel_err(*pr.a, cref);
-      std::snprintf(buf, sizeof buf, "%s vs cpu: rel err %.3g (tol %.3g)%s", pr.name, e, tol,
-                    has_nan(cref) ? " [cpu result has NaN]" : "");
-      ctx.check(e <= tol, buf);
-    }
+    check_written(ctx, "cuda", "dq", actual.dq);
+    check_written(ctx, "cuda", "dk", actual.dk);
+    check_written(ctx, "cuda", "dv", actual.dv);
+    if (g_ds.dev) check_written(ctx, "cuda", "d_sinks", actual.d_sinks);
+    if (g_db.dev) check_written(ctx, "cuda", "d_bias", actual.d_bias);
+    // dq, dk, d_bias are 0 by cancellation in single-key vanilla rows (dS = 0): their natural magnitude is
+    // 1e-3 x max|dv|. d_bias rounds to the dtype of bias.
+    const double g_floor = 1e-3 * max_abs(cpu.dv);
+    const sinkattn_dtype_t bias_dt = c.bias_f32 ? SINKATTN_F32 : c.dtype;
+    vs_cpu.push_back(compare_cpu("dq", actual.dq, cpu.dq, c.dtype, tol, g_floor));
+    vs_cpu.push_back(compare_cpu("dk", actual.dk, cpu.dk, c.dtype, tol, g_floor));
+    vs_cpu.push_back(compare_cpu("dv", actual.dv, cpu.dv, c.dtype, tol, 1e-6));
+    if (g_ds.dev) vs_cpu.push_back(compare_cpu("d_sinks", actual.d_sinks, cpu.d_sinks, SINKATTN_F32, tol, 1e-6));
+    if (g_db.dev) vs_cpu.push_back(compare_cpu("d_bias", actual.d_bias, cpu.d_bias, bias_dt, tol, g_floor));
     if (c.mode == 1) {
       bool zero = true;
       for (int n = 0; n < c.b; ++n)
@@ -635,30 +795,29 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference) {
     }
   }
 
-  // ---- float64 reference, SPEC.md section 5 (small calls) ----
+  // ---- verdict: SPEC.md section 5 against the float64 reference when it runs (small calls, --ref, and every
+  // call whose CUDA-vs-CPU comparison failed); otherwise the CUDA-vs-CPU comparison ----
+  bool cpu_agrees = true;
+  for (const Cmp& x : vs_cpu) cpu_agrees = cpu_agrees && x.pass;
+  if (!with_reference && !cpu_agrees && work <= kMaxFailureRefWork) {
+    with_reference = true;
+    ctx.notes.push_back("CUDA-vs-CPU comparison failed: judged by the float64 reference instead");
+  }
   if (with_reference) {
-    sinkattn_params_t rp = make_params(P, false, grad);
+    for (const Cmp& x : vs_cpu)
+      if (!x.pass) ctx.notes.push_back("(log only) " + x.msg);
     try {
-      sinkattn::ref::Result r64 = sinkattn::ref::evaluate(rp, grad, sinkattn::ref::Precision::kFloat64);
-      sinkattn::ref::Result lowp = sinkattn::ref::evaluate(rp, grad, sinkattn::ref::Precision::kPlainLowPrecision);
-      mask_lse(r64.softmax_lse, c);
-      mask_lse(lowp.softmax_lse, c);
-      if (c.mode == 1) {  // padding rows: out = 0 in every result; the reference may leave them undefined
-        for (auto* arr : {&r64.out, &lowp.out})
-          for (int n = 0; n < c.b; ++n)
-            for (int i = c.len_q[n]; i < c.s_q; ++i)
-              for (int h = 0; h < c.h_q; ++h)
-                for (int x = 0; x < c.d_v; ++x)
-                  if (!arr->data.empty()) arr->data[((static_cast<size_t>(n) * c.s_q + i) * c.h_q + h) * c.d_v + x] = 0;
-      }
-      for (const auto& row : sinkattn::ref::error_table(actual, r64, lowp, c.dtype)) {
-        std::snprintf(buf, sizeof buf, "SPEC 5 %s: err %.3g vs fp64 > tol %.3g (plain low precision %.3g)",
-                      row.name.c_str(), row.err, row.tolerance, row.lowp_err);
-        ctx.check(row.pass, buf);
-      }
+      sinkattn::ref::Result r64, lowp;
+      reference_results(P, grad, r64, lowp);
+      judge_spec5(ctx, "cuda", actual, r64, lowp, c);
+      // The backends disagree: say whether the CPU side is off too.
+      if (!cpu_agrees) judge_spec5(ctx, "cpu backend", cpu, r64, lowp, c);
     } catch (const std::exception& e) {
       ctx.fail(std::string("reference: ") + e.what());
     }
+  } else {
+    for (const Cmp& x : vs_cpu) ctx.check(x.pass, x.msg);
+    if (!cpu_agrees) ctx.notes.push_back("reference too large to run here: rerun with --ref to decide");
   }
   return true;
 }
@@ -671,7 +830,10 @@ Config random_config(uint64_t seed, int index, bool small) {
   Config c;
   c.name = "sweep#" + std::to_string(index);
   c.data_seed = r();
-  c.dtype = U(0, 9) < 7 ? SINKATTN_BF16 : SINKATTN_F16;
+  // fp32 (the SIMT path of the CUDA backend, src/cuda/fp32) in 15% of the configurations, at moderate sizes.
+  const int dt_pick = U(0, 99);
+  c.dtype = dt_pick < 15 ? SINKATTN_F32 : dt_pick < 75 ? SINKATTN_BF16 : SINKATTN_F16;
+  const bool f32 = c.dtype == SINKATTN_F32;
   const int mode_pick = U(0, 99);
   c.mode = mode_pick < 40 ? 0 : mode_pick < 65 ? 1 : 2;
   c.b = U(1, 3);
@@ -681,7 +843,7 @@ Config random_config(uint64_t seed, int index, bool small) {
     if (k < 4) return 64 * U(1, 4) + U(-1, 1);
     return U(1, cap);
   };
-  const int cap = small ? 80 : 300;
+  const int cap = small ? 80 : f32 ? 160 : 300;
   c.s_q = std::max(1, pick_len(cap));
   c.s_kv = U(0, 1) ? c.s_q : std::max(1, pick_len(cap));
   c.h_kv = U(1, 3);
@@ -696,10 +858,11 @@ Config random_config(uint64_t seed, int index, bool small) {
     c.h_kv = std::min(c.h_kv, 2);
     c.h_q = c.h_kv * std::min(c.h_q / c.h_kv, 2);
   }
-  // keep the CPU reference affordable
-  while (static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * std::max(c.d, c.d_v) > 6e7 && c.h_q > c.h_kv)
+  // keep the CPU reference affordable (fp32: smaller still, so that the reference always judges it)
+  const double max_work = f32 ? 1.2e7 : 6e7;
+  while (static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * std::max(c.d, c.d_v) > max_work && c.h_q > c.h_kv)
     c.h_q -= c.h_kv;
-  while (static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * std::max(c.d, c.d_v) > 6e7 && c.b > 1) --c.b;
+  while (static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * std::max(c.d, c.d_v) > max_work && c.b > 1) --c.b;
   if (c.mode == 1 || c.mode == 2) {
     for (int n = 0; n < c.b; ++n) {
       const int k = U(0, 9);
@@ -781,8 +944,8 @@ std::vector<Config> cases_from_json(const std::string& path) {
       c.d = dims[di];
       c.d_v = sh["d_v"].is_num() ? static_cast<int>(sh["d_v"].num) : c.d;
       const std::string dt = cj.has("dtype") ? cj["dtype"].str : "bf16";
-      // fp32 cases run in bf16 on the GPU (fp32 is rejected by the CUDA backend: checked separately)
-      c.dtype = dt == "fp16" ? SINKATTN_F16 : SINKATTN_BF16;
+      // fp32 cases run in fp32 (the CUDA backend's SIMT path, src/cuda/fp32)
+      c.dtype = dt == "fp16" ? SINKATTN_F16 : dt == "fp32" ? SINKATTN_F32 : SINKATTN_BF16;
       for (const char* key : {"varlen", "padding"}) {
         if (!cj.has(key)) continue;
         c.mode = std::string(key) == "varlen" ? 2 : 1;
@@ -819,6 +982,7 @@ std::vector<Config> cases_from_json(const std::string& path) {
       if (cj.has("scores_shift")) {
         c.bias = "11SS";
         c.bias_const = static_cast<float>(cj["scores_shift"].num);
+        c.fp32_shifted_logits = c.dtype == SINKATTN_F32 && std::fabs(c.bias_const) > 1e3f;
       }
       if (cj.has("all_logits")) {
         c.bias = "11SS";
@@ -854,15 +1018,18 @@ void dropout_mask_test(Ctx& ctx) {
     double p;
     uint64_t seed, offset;
     bool varlen;
-  } dcs[] = {{2, 70, 64, 3, 0.5, 1234, 64, false},
-             {1, 33, 64, 2, 0.9, 0xdeadbeefcafeull, (1ull << 40) + 3, false},
-             {3, 40, 48, 2, 0.25, 42, 7, true},
-             {1, 64, 128, 1, 0.97, 99, 0, false}};
+    sinkattn_dtype_t dtype;
+  } dcs[] = {{2, 70, 64, 3, 0.5, 1234, 64, false, SINKATTN_BF16},
+             {1, 33, 64, 2, 0.9, 0xdeadbeefcafeull, (1ull << 40) + 3, false, SINKATTN_BF16},
+             {3, 40, 48, 2, 0.25, 42, 7, true, SINKATTN_BF16},
+             {1, 64, 128, 1, 0.97, 99, 0, false, SINKATTN_BF16},
+             {2, 70, 64, 3, 0.5, 1234, 64, false, SINKATTN_F32},  // the fp32 path draws the same mask
+             {3, 40, 48, 2, 0.25, 42, 7, true, SINKATTN_F32}};
   for (const DC& x : dcs) {
     Problem P;
     Config& c = P.cfg;
     c.name = "dropout-mask";
-    c.dtype = SINKATTN_BF16;
+    c.dtype = x.dtype;
     c.b = x.b;
     c.s_q = x.s_q;
     c.s_kv = x.s_kv;
@@ -886,7 +1053,7 @@ void dropout_mask_test(Ctx& ctx) {
     }
     build(P);
     // one-hot v: v[n, j, h, c] = (c == j)
-    for (size_t e = 0; e < P.v.bytes / 2; ++e) P.v.set(e, 0.f);
+    for (size_t e = 0; e < P.v.bytes / esize(c.dtype); ++e) P.v.set(e, 0.f);
     for (int n = 0; n < c.b; ++n)
       for (int j = 0; j < (x.varlen ? c.len_kv[n] : c.s_kv); ++j)
         for (int h = 0; h < c.h_kv; ++h) {
@@ -920,9 +1087,9 @@ void dropout_mask_test(Ctx& ctx) {
           }
     }
     char buf[200];
-    std::snprintf(buf, sizeof buf, "dropout keep mask (p=%.2f seed=%llu offset=%llu%s): %lld of %lld differ (%lld kept)",
-                  x.p, static_cast<unsigned long long>(x.seed), static_cast<unsigned long long>(x.offset),
-                  x.varlen ? " varlen" : "", static_cast<long long>(mism), static_cast<long long>(total),
+    std::snprintf(buf, sizeof buf, "dropout keep mask (%s p=%.2f seed=%llu offset=%llu%s): %lld of %lld differ (%lld kept)",
+                  x.dtype == SINKATTN_F32 ? "fp32" : "bf16", x.p, static_cast<unsigned long long>(x.seed),
+                  static_cast<unsigned long long>(x.offset), x.varlen ? " varlen" : "", static_cast<long long>(mism), static_cast<long long>(total),
                   static_cast<long long>(kept));
     ctx.check(mism == 0, buf);
     std::printf("  %s\n", buf);
@@ -945,13 +1112,14 @@ void rejection_test(Ctx& ctx) {
   c.name = "reject";
   c.b = 1, c.s_q = 16, c.s_kv = 16, c.h_q = c.h_kv = 1;
   c.poison = false;
-  Config f32 = c;
-  f32.dtype = SINKATTN_F32;
-  f32.d = f32.d_v = 64;
-  expect_reject(f32, "fp32 inputs");
+  // fp32 runs on the GPU now (src/cuda/fp32): what is still refused is checked here.
   Config hd = c;
   hd.d = hd.d_v = 12;
   expect_reject(hd, "head dim 12");
+  Config f32 = c;
+  f32.dtype = SINKATTN_F32;
+  f32.d = f32.d_v = 264;  // fp32 path: head dims up to 256
+  expect_reject(f32, "fp32 head dim 264");
 }
 
 }  // namespace
@@ -972,49 +1140,68 @@ int main(int argc, char** argv) {
     else if (a == "--small") small = true;
     else if (a == "--no-cases") no_cases = true;
     else if (a == "-v") g_verbose = true;
+    else if (a == "--ref") g_always_ref = true;
+    else if (a == "--cpu-only") g_cpu_only = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--cases FILE] [--sweep N] [--seed S] [--only K] [--small] [--no-cases] [-v]\n", argv[0]);
+                   "usage: %s [--cases FILE] [--sweep N] [--seed S] [--only K] [--small] [--no-cases] [--ref] "
+                   "[--cpu-only] [-v]\n",
+                   argv[0]);
       return 2;
     }
   }
-  int dev_count = 0;
-  CUDA_OK(cudaGetDeviceCount(&dev_count));
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("sinkattn GPU suite on %s (sm_%d%d); sweep seed %llu (rerun: --seed %llu --only K)\n", prop.name,
-              prop.major, prop.minor, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
-  char info[4096];
-  sinkattn_backend_describe(SINKATTN_BACKEND_CUDA, info, sizeof info);
-  std::printf("%s", info);
+  if (g_cpu_only) {
+    std::printf("sinkattn GPU suite, --cpu-only (CPU backend and the suite's own checks, no GPU); sweep seed %llu\n",
+                static_cast<unsigned long long>(seed));
+  } else {
+    int dev_count = 0;
+    CUDA_OK(cudaGetDeviceCount(&dev_count));
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("sinkattn GPU suite on %s (sm_%d%d); sweep seed %llu (rerun: --seed %llu --only K)\n", prop.name,
+                prop.major, prop.minor, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+    char info[4096];
+    sinkattn_backend_describe(SINKATTN_BACKEND_CUDA, info, sizeof info);
+    std::printf("%s", info);
+  }
 
   int run = 0, failed = 0;
+  int by_dtype[3] = {0, 0, 0}, failed_by_dtype[3] = {0, 0, 0};  // bf16, fp16, fp32
   auto run_config = [&](Config c) {
+    const int di = c.dtype == SINKATTN_BF16 ? 0 : c.dtype == SINKATTN_F16 ? 1 : 2;
+    ++by_dtype[di];
     Problem P;
     P.cfg = c;
     Ctx ctx;
     const auto t0 = std::chrono::steady_clock::now();
     const double work = static_cast<double>(c.b) * c.h_q * std::max(c.s_q, 1) * std::max(c.s_kv, 1) * (c.d + c.d_v);
-    run_one(P, ctx, work < 2.5e7);
+    // The float64 reference judges every call where it is cheap (and, inside run_one, every call whose
+    // CUDA-vs-CPU comparison fails).
+    run_one(P, ctx, g_always_ref || work < kRefWork, work);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ++run;
     if (!ctx.errors.empty()) {
       ++failed;
+      ++failed_by_dtype[di];
       std::printf("FAIL %s\n", P.cfg.describe().c_str());
       for (const auto& e : ctx.errors) std::printf("     %s\n", e.c_str());
+      for (const auto& e : ctx.notes) std::printf("     note: %s\n", e.c_str());
     } else if (g_verbose) {
       std::printf("ok   %s (%.0f ms)\n", P.cfg.describe().c_str(), ms);
+      for (const auto& e : ctx.notes) std::printf("     note: %s\n", e.c_str());
     }
     std::fflush(stdout);
   };
 
   if (only < 0) {
     Ctx ctx;
-    std::printf("-- rejections\n");
-    rejection_test(ctx);
-    std::printf("-- dropout keep masks vs sinkattn_dropout_keep\n");
-    dropout_mask_test(ctx);
-    ++run;
+    if (!g_cpu_only) {
+      std::printf("-- rejections\n");
+      rejection_test(ctx);
+      std::printf("-- dropout keep masks vs sinkattn_dropout_keep\n");
+      dropout_mask_test(ctx);
+      ++run;
+    }
     if (!ctx.errors.empty()) {
       ++failed;
       for (const auto& e : ctx.errors) std::printf("FAIL %s\n", e.c_str());
@@ -1032,6 +1219,8 @@ int main(int argc, char** argv) {
   } else {
     run_config(random_config(seed, only, small));
   }
-  std::printf("SUMMARY: %d configurations, %d failed, %d checks\n", run, failed, g_checks);
+  std::printf("SUMMARY: %d configurations, %d failed, %d checks (bf16 %d/%d failed, fp16 %d/%d, fp32 %d/%d)\n", run,
+              failed, g_checks, failed_by_dtype[0], by_dtype[0], failed_by_dtype[1], by_dtype[1], failed_by_dtype[2],
+              by_dtype[2]);
   return failed == 0 ? 0 : 1;
 }

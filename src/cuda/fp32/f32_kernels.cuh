@@ -1,0 +1,545 @@
+// fp32 path of the CUDA backend: the per-thread work of every pass, written once as __host__ __device__
+// functions so the same code runs in the kernels (fwd_f32.cu, bwd_f32.cu) and in a host emulation (tests).
+// Plain SIMT fp32 code: fp32 inputs, fp32 math and accumulation (SPEC.md sections 1, 5: 1e-5 / 1e-4).
+//
+// Work decomposition (no float atomics anywhere, so every output is bitwise reproducible):
+//   forward    one thread per (n, h, query row i): online softmax over the row's visible keys (SPEC.md 2)
+//   preprocess one thread per (n, h, i): D_i = dot(d_out_i, out_i), D_i - d_lse_i, and the d_sinks term
+//              P_sink_i * (d_lse_i - D_i) of the row (SPEC.md 3)
+//   d_sinks    one block per query head: fixed-order sum of the row terms (written, never accumulated into)
+//   dq         one thread per (n, h, i): dq_i = softmax_scale * sum_j dS_ij k_j, dS_ij written for d_bias
+//   dk dv      one thread per (n, kv head, key j): loops over the group's query heads and the query rows that
+//              see key j: dk_j = softmax_scale * sum dS_ij q_i, dv_j = sum P_ij keep_ij / (1 - p) d_out_i
+//   d_bias     one thread per d_bias element: fixed-order sum of dS over the broadcast dimensions
+// Only the visible keys [lo, hi) of a row (and the visible rows of a key) are ever read: masked, padded and
+// out-of-window values never enter arithmetic (SPEC.md 2, "must not reach any output").
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/philox.hpp"
+
+#if defined(__CUDACC__)
+#define F32_HD __host__ __device__ __forceinline__
+#else
+#define F32_HD inline
+#endif
+
+namespace sinkattn::cuda_f32 {
+
+// Keys per chunk of the row loops (forward, dq) and query rows per chunk of the dk/dv loop.
+constexpr int kKeyChunk = 8;
+constexpr int kRowChunk = 8;
+constexpr int kThreads = 128;       // threads per block of the row / key kernels
+constexpr int kReduceThreads = 256; // threads of the d_sinks reduction block
+
+// DESIGN.md "Row addressing": element (n, row, head, col) is ptr[n * b + row * s + head * h + col].
+struct Rows {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+// The kernel-side call (filled from sinkattn::Call by make_kparams, f32_params.hpp). Pointers are device
+// pointers on the GPU (host pointers in the host emulation); absent tensors are nullptr.
+struct KParams {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;         // forward: written; backward: read (D_i)
+  float* lse = nullptr;         // forward: written; backward: read
+  const float* d_out = nullptr;
+  const float* d_lse = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* d_sinks = nullptr;
+  const float* bias = nullptr;  // fp32 (bias dtype is fp32 or q's = fp32)
+  float* d_bias = nullptr;
+  const float* sinks = nullptr;
+  int64_t sinks_st = 0, d_sinks_st = 0;
+
+  Rows q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;
+  int64_t lse_b = 0, lse_h = 0, lse_s = 0;
+  int64_t dlse_b = 0, dlse_h = 0, dlse_s = 0;
+  int64_t bias_b = 0, bias_h = 0, bias_i = 0, bias_j = 0;     // 0 on broadcast dims
+  int64_t dbias_b = 0, dbias_h = 0, dbias_i = 0, dbias_j = 0; // d_bias tensor strides
+  int64_t bias_nb = 0, bias_nh = 0;                           // d_bias extents: 1 or b, 1 or h_q
+  // Where the dq pass writes dS_ij: d_bias itself (no broadcast dim) or the fp32 workspace [b][h_q][s_q][s_kv]
+  // that the d_bias pass reduces over the broadcast dims.
+  float* ds_dst = nullptr;
+  int64_t ds_b = 0, ds_h = 0, ds_i = 0, ds_j = 0;
+
+  // Batch description (SPEC.md 1): int32 tensors (device memory on the GPU).
+  const int32_t* cu_q = nullptr;
+  const int32_t* cu_kv = nullptr;
+  const int32_t* seqused_kv = nullptr;
+  const int32_t* seqlens_q = nullptr;
+  const int32_t* seqlens_kv = nullptr;
+  int64_t cu_q_st = 0, cu_kv_st = 0, seqused_st = 0, seqlens_q_st = 0, seqlens_kv_st = 0;
+  int varlen = 0;
+
+  // Sizes: s_q / s_kv are the dense extents or varlen max_seqlen_q / max_seqlen_kv.
+  int64_t b = 0, s_q = 0, s_kv = 0, h_q = 0, h_kv = 0, group = 1, d = 0, d_v = 0, total_q = 0, total_kv = 0;
+
+  int softmax_type = 0;  // sinkattn_softmax_type_t
+  float scale = 1.f;     // softmax_scale
+  int64_t wl = -1, wr = -1;  // window_left / window_right (< 0 unbounded), clamped to 2^40
+  int align_br = 1;          // bottom-right alignment
+
+  int dropout = 0;
+  uint32_t threshold = 0;
+  float rdrop = 1.f;              // 1 / (1 - p)
+  const int64_t* rng_in = nullptr;  // forward: rng_seed_offset (optional); backward: rng_state
+  int64_t rng_in_st = 0;
+  uint64_t seed = 0, offset = 0;  // used when rng_in is null
+  int64_t* rng_out = nullptr;     // forward: rng_state (optional)
+  int64_t rng_out_st = 0;
+
+  // Backward workspace, rows indexed densely by n * s_q + i (varlen too).
+  float* ws_dm = nullptr;     // [h_q][b * s_q]: D_i - d_lse_i
+  float* ws_dsink = nullptr;  // [h_q][b * s_q]: P_sink_i * (d_lse_i - D_i); 0 on padding rows (learnable only)
+};
+
+// ---------------------------------------------------------------- sequences and masks
+
+// One sequence's place in the tensors (SPEC.md 1, DESIGN.md "Actual lengths"). Lengths are clamped to the
+// extents the grids cover (s_q, s_kv), so a call that breaks the max_seqlen contract cannot index outside.
+struct Seq {
+  int64_t q0 = 0, kv0 = 0;        // first global row (varlen), 0 for dense
+  int64_t len_q = 0, len_kv = 0;  // actual query rows / keys used
+  int64_t rows_q = 0, rows_kv = 0;  // rows the sequence owns in q-like / k-like tensors
+};
+
+F32_HD int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+F32_HD Seq seq_of(const KParams& p, int64_t n) {
+  Seq s;
+  if (p.varlen) {
+    const int64_t q0 = p.cu_q[n * p.cu_q_st], q1 = p.cu_q[(n + 1) * p.cu_q_st];
+    const int64_t k0 = p.cu_kv[n * p.cu_kv_st], k1 = p.cu_kv[(n + 1) * p.cu_kv_st];
+    s.q0 = q0;
+    s.kv0 = k0;
+    s.rows_q = clamp64(q1 - q0, 0, p.s_q);
+    s.rows_kv = clamp64(k1 - k0, 0, p.s_kv);
+    s.len_q = s.rows_q;
+    s.len_kv = p.seqused_kv ? clamp64(p.seqused_kv[n * p.seqused_st], 0, s.rows_kv) : s.rows_kv;
+  } else {
+    s.rows_q = p.s_q;
+    s.rows_kv = p.s_kv;
+    s.len_q = p.seqlens_q ? clamp64(p.seqlens_q[n * p.seqlens_q_st], 0, p.s_q) : p.s_q;
+    s.len_kv = p.seqlens_kv ? clamp64(p.seqlens_kv[n * p.seqlens_kv_st], 0, p.s_kv) : p.s_kv;
+  }
+  return s;
+}
+
+// SPEC.md 2, masks: off = len_kv - len_q (bottom_right) or 0 (top_left); key j is visible to query i iff
+//   0 <= j < len_kv and (wl < 0 or j >= i + off - wl) and (wr < 0 or j <= i + off + wr).
+// The visible keys of a row (and the visible rows of a key) form one contiguous range.
+struct Mask {
+  int64_t off, wl, wr, len_q, len_kv;
+  F32_HD Mask(const KParams& p, const Seq& s)
+      : off(p.align_br ? s.len_kv - s.len_q : 0), wl(p.wl), wr(p.wr), len_q(s.len_q), len_kv(s.len_kv) {}
+  // Keys [lo, hi) visible to query row i (empty: lo = hi = 0).
+  F32_HD void keys(int64_t i, int64_t* lo, int64_t* hi) const {
+    int64_t a = 0, e = len_kv;
+    if (wl >= 0 && i + off - wl > a) a = i + off - wl;
+    if (wr >= 0 && i + off + wr + 1 < e) e = i + off + wr + 1;
+    if (e <= a) a = e = 0;  // empty: [0, 0), so a row past the keys (lo > len_kv) never indexes beyond them
+    *lo = a;
+    *hi = e;
+  }
+  // Query rows [lo, hi) that see key j: i >= j - off - wr and i <= j - off + wl, 0 <= i < len_q.
+  F32_HD void queries(int64_t j, int64_t* lo, int64_t* hi) const {
+    int64_t a = 0, e = len_q;
+    if (wr >= 0 && j - off - wr > a) a = j - off - wr;
+    if (wl >= 0 && j - off + wl + 1 < e) e = j - off + wl + 1;
+    if (e <= a) a = e = 0;  // empty: [0, 0)
+    *lo = a;
+    *hi = e;
+  }
+};
+
+// sigma of SPEC.md 2: sinks[h] (learnable), 0 (off_by_one), -inf (vanilla). Never scaled.
+F32_HD float sink_of(const KParams& p, int64_t h) {
+  if (p.softmax_type == 2) return p.sinks[h * p.sinks_st];
+  if (p.softmax_type == 1) return 0.f;
+  return -INFINITY;
+}
+
+// ---------------------------------------------------------------- dropout (SPEC.md 2)
+// keep_ij / (1 - p) with idx = ((n * h_q + h) * max_s_q + i) * max_s_kv + j (max_s_q = s_q, max_s_kv = s_kv),
+// keep = Philox4x32_10(idx / 4, offset; seed)[idx % 4] >= threshold (src/core/philox.hpp). The Philox block of
+// the last counter is cached: consecutive j of one row share it.
+struct Dropout {
+  uint64_t seed = 0, offset = 0;
+  uint64_t ctr = ~uint64_t(0);
+  uint32_t w[4] = {0, 0, 0, 0};
+  uint32_t threshold = 0;
+  float rdrop = 1.f;
+  F32_HD explicit Dropout(const KParams& p) {
+    if (p.rng_in) {
+      seed = static_cast<uint64_t>(p.rng_in[0]);
+      offset = static_cast<uint64_t>(p.rng_in[p.rng_in_st]);
+    } else {
+      seed = p.seed;
+      offset = p.offset;
+    }
+    threshold = p.threshold;
+    rdrop = p.rdrop;
+  }
+  F32_HD static uint64_t index(const KParams& p, int64_t n, int64_t h, int64_t i, int64_t j) {
+    return sinkattn::dropout_index(static_cast<uint64_t>(n), static_cast<uint64_t>(h), static_cast<uint64_t>(i),
+                                   static_cast<uint64_t>(j), static_cast<uint64_t>(p.h_q),
+                                   static_cast<uint64_t>(p.s_q), static_cast<uint64_t>(p.s_kv));
+  }
+  F32_HD float factor(uint64_t idx) {
+    if ((idx >> 2) != ctr) {
+      ctr = idx >> 2;
+      const Philox4 r = sinkattn::dropout_block(seed, offset, idx);
+      w[0] = r.w[0];
+      w[1] = r.w[1];
+      w[2] = r.w[2];
+      w[3] = r.w[3];
+    }
+    return w[idx & 3] >= threshold ? rdrop : 0.f;
+  }
+};
+
+// ---------------------------------------------------------------- forward (SPEC.md 2)
+// Thread (n, h, i). The row state starts as if the sink were an already-seen key with score sigma and value 0:
+// m = sigma, l = 1, acc = 0 (vanilla: m = -inf, l = 0). For each chunk of visible keys:
+//   S_ij = softmax_scale * dot(q_i, k_j) + bias_ij
+//   m' = max(m, max_j S_ij), alpha = exp(m - m'), l = alpha l + sum_j exp(S_ij - m'),
+//   acc = alpha acc + sum_j exp(S_ij - m') keep_ij / (1 - p) v_j
+// and out_i = acc / l, LSE_i = m + log(l) (l = 0: out = 0, LSE = -inf). A row with no visible key (or only -inf
+// logits) ends with out = 0, LSE = sigma; padding rows too.
+template <int HD>
+F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
+  const Seq s = seq_of(p, n);
+  if (i >= s.rows_q) return;
+  const int64_t row = s.q0 + i;
+  const float sigma = sink_of(p, h);
+  float m = sigma;
+  float l = sigma > -INFINITY ? 1.f : 0.f;
+  float acc[HD];
+  for (int64_t c = 0; c < p.d_v; ++c) acc[c] = 0.f;
+
+  if (i < s.len_q) {
+    const Mask mask(p, s);
+    int64_t lo, hi;
+    mask.keys(i, &lo, &hi);
+    const int64_t kvh = h / p.group;
+    float qr[HD];
+    const float* qp = p.q + n * p.q_st.b + row * p.q_st.s + h * p.q_st.h;
+    for (int64_t c = 0; c < p.d; ++c) qr[c] = qp[c];
+    const float* kb = p.k + n * p.k_st.b + s.kv0 * p.k_st.s + kvh * p.k_st.h;
+    const float* vb = p.v + n * p.v_st.b + s.kv0 * p.v_st.s + kvh * p.v_st.h;
+    const float* brow = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + i * p.bias_i : nullptr;
+    Dropout drop(p);
+    const uint64_t drow = p.dropout ? Dropout::index(p, n, h, i, 0) : 0;
+
+    // Chunks start at multiples of kKeyChunk, so under causal / sliding-window masks the lanes of a warp still
+    // read the same key rows; keys j0 + [ja, je) of a chunk are the visible ones, the others are not read.
+    for (int64_t j0 = lo - lo % kKeyChunk; j0 < hi; j0 += kKeyChunk) {
+      const int ja = static_cast<int>(lo > j0 ? lo - j0 : 0);
+      const int je = static_cast<int>(hi - j0 < kKeyChunk ? hi - j0 : kKeyChunk);
+      float sc[kKeyChunk];
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj) sc[jj] = 0.f;
+      // dot(q_i, k_j) for the chunk's visible keys; the other rows are not read.
+      for (int64_t c = 0; c < p.d; ++c) {
+        const float qc = qr[c];
+#pragma unroll
+        for (int jj = 0; jj < kKeyChunk; ++jj)
+          if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kb[(j0 + jj) * p.k_st.s + c], sc[jj]);
+      }
+      float mx = m;
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj) {
+        if ((jj >= ja && jj < je)) {
+          float sv = sc[jj] * p.scale;
+          if (brow) sv += brow[(j0 + jj) * p.bias_j];
+          sc[jj] = sv;
+          mx = fmaxf(mx, sv);
+        } else {
+          sc[jj] = -INFINITY;
+        }
+      }
+      if (mx == -INFINITY) continue;  // every logit so far is -inf and there is no sink: nothing seen yet
+      const float alpha = expf(m - mx);  // m = -inf -> 0 (mx is finite here)
+      float psum = 0.f;
+      float pw[kKeyChunk];
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj) {
+        const float pv = (jj >= ja && jj < je) ? expf(sc[jj] - mx) : 0.f;
+        psum += pv;
+        // the normaliser uses the undropped P; the value sum uses P * keep / (1 - p)
+        pw[jj] = (p.dropout && (jj >= ja && jj < je)) ? pv * drop.factor(drow + static_cast<uint64_t>(j0 + jj)) : pv;
+      }
+      l = l * alpha + psum;
+      m = mx;
+      for (int64_t c = 0; c < p.d_v; ++c) {
+        float a = acc[c] * alpha;
+#pragma unroll
+        for (int jj = 0; jj < kKeyChunk; ++jj)
+          if ((jj >= ja && jj < je)) a = fmaf(pw[jj], vb[(j0 + jj) * p.v_st.s + c], a);
+        acc[c] = a;
+      }
+    }
+  }
+
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  float* o = p.out + n * p.out_st.b + row * p.out_st.s + h * p.out_st.h;
+  for (int64_t c = 0; c < p.d_v; ++c) o[c] = acc[c] * inv;
+  p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+// Varlen rows after the last sequence (cu_seqlens[b] .. total) belong to no sequence: forward out = 0 and
+// LSE = the empty-row value (sigma); backward dq = 0, dk = dv = 0. Element e = row * heads + head.
+F32_HD void unowned_forward(const KParams& p, int64_t e) {
+  const int64_t end_q = p.cu_q[p.b * p.cu_q_st];
+  const int64_t row = e / p.h_q, h = e % p.h_q;
+  if (row < end_q || row >= p.total_q) return;
+  float* o = p.out + row * p.out_st.s + h * p.out_st.h;
+  for (int64_t c = 0; c < p.d_v; ++c) o[c] = 0.f;
+  p.lse[h * p.lse_h + row * p.lse_s] = sink_of(p, h);
+}
+F32_HD void unowned_backward_q(const KParams& p, int64_t e) {
+  const int64_t end_q = p.cu_q[p.b * p.cu_q_st];
+  const int64_t row = e / p.h_q, h = e % p.h_q;
+  if (row < end_q || row >= p.total_q) return;
+  float* g = p.dq + row * p.dq_st.s + h * p.dq_st.h;
+  for (int64_t c = 0; c < p.d; ++c) g[c] = 0.f;
+}
+F32_HD void unowned_backward_kv(const KParams& p, int64_t e) {
+  const int64_t end_kv = p.cu_kv[p.b * p.cu_kv_st];
+  const int64_t row = e / p.h_kv, h = e % p.h_kv;
+  if (row < end_kv || row >= p.total_kv) return;
+  float* gk = p.dk + row * p.dk_st.s + h * p.dk_st.h;
+  float* gv = p.dv + row * p.dv_st.s + h * p.dv_st.h;
+  for (int64_t c = 0; c < p.d; ++c) gk[c] = 0.f;
+  for (int64_t c = 0; c < p.d_v; ++c) gv[c] = 0.f;
+}
+
+// Forward: rng_state = {seed, offset} (from rng_seed_offset when given, otherwise the scalars).
+F32_HD void write_rng_state(const KParams& p) {
+  const Dropout drop(p);
+  p.rng_out[0] = static_cast<int64_t>(drop.seed);
+  p.rng_out[p.rng_out_st] = static_cast<int64_t>(drop.offset);
+}
+
+// ---------------------------------------------------------------- backward (SPEC.md 3)
+
+// Workspace row index of (n, h, i).
+F32_HD int64_t ws_index(const KParams& p, int64_t n, int64_t h, int64_t i) { return h * (p.b * p.s_q) + n * p.s_q + i; }
+
+// Thread (n, h, i), i < s_q: D_i = dot(d_out_i, out_i) (fp32, from the out passed to the backward),
+// ws_dm = D_i - d_lse_i, ws_dsink = P_sink_i * (d_lse_i - D_i) with P_sink_i = exp(sigma - LSE_i) (learnable).
+// Padding rows (and grid rows past a varlen sequence) write 0 to both and read nothing.
+F32_HD void preprocess_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
+  const Seq s = seq_of(p, n);
+  const int64_t w = ws_index(p, n, h, i);
+  if (i >= s.len_q) {
+    p.ws_dm[w] = 0.f;
+    if (p.ws_dsink) p.ws_dsink[w] = 0.f;
+    return;
+  }
+  const int64_t row = s.q0 + i;
+  const float* o = p.out + n * p.out_st.b + row * p.out_st.s + h * p.out_st.h;
+  const float* g = p.d_out + n * p.dout_st.b + row * p.dout_st.s + h * p.dout_st.h;
+  float D = 0.f;
+  for (int64_t c = 0; c < p.d_v; ++c) D = fmaf(g[c], o[c], D);
+  const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + row * p.dlse_s] : 0.f;
+  p.ws_dm[w] = D - dlse;
+  if (p.ws_dsink) {
+    const float sigma = sink_of(p, h);
+    const float lse = p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s];
+    const float psink = sigma == -INFINITY ? 0.f : expf(sigma - lse);
+    p.ws_dsink[w] = psink * (dlse - D);
+  }
+}
+
+// d_sinks[h] = sum over n, valid i of P_sink_i (d_lse_i - D_i) (SPEC.md 3): thread t of kReduceThreads sums
+// rows t, t + T, ... in double; the partials are then added in thread order. Fixed order: deterministic.
+F32_HD double dsinks_partial(const KParams& p, int64_t h, int t, int T) {
+  const int64_t rows = p.b * p.s_q;
+  const float* part = p.ws_dsink + h * rows;
+  double acc = 0.0;
+  for (int64_t r = t; r < rows; r += T) acc += static_cast<double>(part[r]);
+  return acc;
+}
+
+// Thread (n, h, i): dq_i = softmax_scale * sum_j dS_ij k_j over the visible keys, with
+//   P_ij = exp(S_ij - LSE_i), dP_ij = dot(d_out_i, v_j) keep_ij / (1 - p), dS_ij = P_ij (dP_ij - D_i + d_lse_i).
+// With bias, dS_ij is written to ds_dst for every j of the row (0 where not visible). Padding rows and rows
+// whose LSE is -inf (no key, vanilla) get dq = 0.
+template <int HD>
+F32_HD void dq_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
+  const Seq s = seq_of(p, n);
+  if (i >= s.rows_q) return;
+  const int64_t row = s.q0 + i;
+  float* dq = p.dq + n * p.dq_st.b + row * p.dq_st.s + h * p.dq_st.h;
+  float* ds = p.ds_dst ? p.ds_dst + n * p.ds_b + h * p.ds_h + i * p.ds_i : nullptr;
+  int64_t lo = 0, hi = 0;
+  float lse = -INFINITY;
+  if (i < s.len_q) {
+    lse = p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s];
+    if (lse != -INFINITY) Mask(p, s).keys(i, &lo, &hi);
+  }
+  if (ds) {  // dS = 0 outside the visible keys (and on padding rows): d_bias is written, not accumulated
+    for (int64_t j = 0; j < lo; ++j) ds[j * p.ds_j] = 0.f;
+    for (int64_t j = hi; j < p.s_kv; ++j) ds[j * p.ds_j] = 0.f;
+  }
+  if (lo >= hi) {
+    for (int64_t c = 0; c < p.d; ++c) dq[c] = 0.f;
+    return;
+  }
+  const int64_t kvh = h / p.group;
+  float qr[HD], gr[HD], acc[HD];
+  const float* qp = p.q + n * p.q_st.b + row * p.q_st.s + h * p.q_st.h;
+  const float* gp = p.d_out + n * p.dout_st.b + row * p.dout_st.s + h * p.dout_st.h;
+  for (int64_t c = 0; c < p.d; ++c) {
+    qr[c] = qp[c];
+    acc[c] = 0.f;
+  }
+  for (int64_t c = 0; c < p.d_v; ++c) gr[c] = gp[c];
+  const float dm = p.ws_dm[ws_index(p, n, h, i)];
+  const float* kb = p.k + n * p.k_st.b + s.kv0 * p.k_st.s + kvh * p.k_st.h;
+  const float* vb = p.v + n * p.v_st.b + s.kv0 * p.v_st.s + kvh * p.v_st.h;
+  const float* brow = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + i * p.bias_i : nullptr;
+  Dropout drop(p);
+  const uint64_t drow = p.dropout ? Dropout::index(p, n, h, i, 0) : 0;
+
+  for (int64_t j0 = lo - lo % kKeyChunk; j0 < hi; j0 += kKeyChunk) {  // aligned chunks, as in forward_row
+    const int ja = static_cast<int>(lo > j0 ? lo - j0 : 0);
+    const int je = static_cast<int>(hi - j0 < kKeyChunk ? hi - j0 : kKeyChunk);
+    float sc[kKeyChunk], dp[kKeyChunk];
+#pragma unroll
+    for (int jj = 0; jj < kKeyChunk; ++jj) sc[jj] = dp[jj] = 0.f;
+    for (int64_t c = 0; c < p.d; ++c) {
+      const float qc = qr[c];
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj)
+        if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kb[(j0 + jj) * p.k_st.s + c], sc[jj]);
+    }
+    for (int64_t c = 0; c < p.d_v; ++c) {
+      const float gc = gr[c];
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj)
+        if ((jj >= ja && jj < je)) dp[jj] = fmaf(gc, vb[(j0 + jj) * p.v_st.s + c], dp[jj]);
+    }
+#pragma unroll
+    for (int jj = 0; jj < kKeyChunk; ++jj) {
+      float dS = 0.f;
+      if ((jj >= ja && jj < je)) {
+        float sv = sc[jj] * p.scale;
+        if (brow) sv += brow[(j0 + jj) * p.bias_j];
+        const float P = expf(sv - lse);  // S = -inf -> 0
+        const float f = p.dropout ? drop.factor(drow + static_cast<uint64_t>(j0 + jj)) : 1.f;
+        dS = P * (dp[jj] * f - dm);
+        if (ds) ds[(j0 + jj) * p.ds_j] = dS;
+      }
+      sc[jj] = dS;
+    }
+    for (int64_t c = 0; c < p.d; ++c) {
+      float a = acc[c];
+#pragma unroll
+      for (int jj = 0; jj < kKeyChunk; ++jj)
+        if ((jj >= ja && jj < je)) a = fmaf(sc[jj], kb[(j0 + jj) * p.k_st.s + c], a);
+      acc[c] = a;
+    }
+  }
+  for (int64_t c = 0; c < p.d; ++c) dq[c] = p.scale * acc[c];
+}
+
+// Thread (n, kv head g, key j): for every query head h of the group and every query row i that sees key j
+// (and whose LSE is finite):
+//   dv_j += P_ij keep_ij / (1 - p) d_out_i,   dk_j += dS_ij q_i,   dk_j *= softmax_scale at the end.
+// Keys no query sees (past len_kv, or outside every window) get dk = dv = 0.
+template <int HD>
+F32_HD void dkdv_key(const KParams& p, int64_t n, int64_t g, int64_t j) {
+  const Seq s = seq_of(p, n);
+  if (j >= s.rows_kv) return;
+  const int64_t krow = s.kv0 + j;
+  float* dk = p.dk + n * p.dk_st.b + krow * p.dk_st.s + g * p.dk_st.h;
+  float* dv = p.dv + n * p.dv_st.b + krow * p.dv_st.s + g * p.dv_st.h;
+  float ak[HD], av[HD];
+  for (int64_t c = 0; c < p.d; ++c) ak[c] = 0.f;
+  for (int64_t c = 0; c < p.d_v; ++c) av[c] = 0.f;
+  if (j < s.len_kv) {
+    int64_t lo, hi;
+    Mask(p, s).queries(j, &lo, &hi);
+    if (lo < hi) {
+      float kr[HD], vr[HD];
+      const float* kp = p.k + n * p.k_st.b + krow * p.k_st.s + g * p.k_st.h;
+      const float* vp = p.v + n * p.v_st.b + krow * p.v_st.s + g * p.v_st.h;
+      for (int64_t c = 0; c < p.d; ++c) kr[c] = kp[c];
+      for (int64_t c = 0; c < p.d_v; ++c) vr[c] = vp[c];
+      Dropout drop(p);
+      for (int64_t hh = 0; hh < p.group; ++hh) {
+        const int64_t h = g * p.group + hh;
+        const float* qb = p.q + n * p.q_st.b + s.q0 * p.q_st.s + h * p.q_st.h;
+        const float* gb = p.d_out + n * p.dout_st.b + s.q0 * p.dout_st.s + h * p.dout_st.h;
+        const float* lb = p.lse + n * p.lse_b + h * p.lse_h + s.q0 * p.lse_s;
+        const float* bcol = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + j * p.bias_j : nullptr;
+        const float* dmb = p.ws_dm + ws_index(p, n, h, 0);
+        // Row chunks start at multiples of kRowChunk (lanes of a warp read the same query rows); rows
+        // i0 + [ra, re) of a chunk see key j, the others are not read.
+        for (int64_t i0 = lo - lo % kRowChunk; i0 < hi; i0 += kRowChunk) {
+          const int ra = static_cast<int>(lo > i0 ? lo - i0 : 0);
+          const int re = static_cast<int>(hi - i0 < kRowChunk ? hi - i0 : kRowChunk);
+          float wk[kRowChunk], wv[kRowChunk];  // dS_ij and P_ij keep_ij / (1 - p) of the chunk's rows
+#pragma unroll
+          for (int rr = 0; rr < kRowChunk; ++rr) {
+            wk[rr] = wv[rr] = 0.f;
+            if (rr < ra || rr >= re) continue;
+            const int64_t i = i0 + rr;
+            const float lse = lb[i * p.lse_s];
+            if (lse == -INFINITY) continue;  // the row sees no key (vanilla): P = 0
+            const float* qi = qb + i * p.q_st.s;
+            const float* gi = gb + i * p.dout_st.s;
+            float sv = 0.f, dp = 0.f;
+            for (int64_t c = 0; c < p.d; ++c) sv = fmaf(qi[c], kr[c], sv);
+            for (int64_t c = 0; c < p.d_v; ++c) dp = fmaf(gi[c], vr[c], dp);
+            sv *= p.scale;
+            if (bcol) sv += bcol[i * p.bias_i];
+            const float P = expf(sv - lse);
+            const float f = p.dropout ? drop.factor(Dropout::index(p, n, h, i, j)) : 1.f;
+            wk[rr] = P * (dp * f - dmb[i]);
+            wv[rr] = P * f;
+          }
+          for (int64_t c = 0; c < p.d; ++c) {
+            float a = ak[c];
+#pragma unroll
+            for (int rr = 0; rr < kRowChunk; ++rr)
+              if (rr >= ra && rr < re) a = fmaf(wk[rr], qb[(i0 + rr) * p.q_st.s + c], a);
+            ak[c] = a;
+          }
+          for (int64_t c = 0; c < p.d_v; ++c) {
+            float a = av[c];
+#pragma unroll
+            for (int rr = 0; rr < kRowChunk; ++rr)
+              if (rr >= ra && rr < re) a = fmaf(wv[rr], gb[(i0 + rr) * p.dout_st.s + c], a);
+            av[c] = a;
+          }
+        }
+      }
+    }
+  }
+  for (int64_t c = 0; c < p.d; ++c) dk[c] = p.scale * ak[c];
+  for (int64_t c = 0; c < p.d_v; ++c) dv[c] = av[c];
+}
+
+// d_bias element e of [bias_nb, bias_nh, s_q, s_kv]: the sum of dS over the broadcast dims, n then h order.
+F32_HD void dbias_reduce(const KParams& p, int64_t e) {
+  const int64_t j = e % p.s_kv, i = (e / p.s_kv) % p.s_q;
+  const int64_t hb = (e / (p.s_kv * p.s_q)) % p.bias_nh, nb = e / (p.s_kv * p.s_q * p.bias_nh);
+  const int64_t n0 = p.bias_nb == 1 ? 0 : nb, n1 = p.bias_nb == 1 ? p.b : nb + 1;
+  const int64_t h0 = p.bias_nh == 1 ? 0 : hb, h1 = p.bias_nh == 1 ? p.h_q : hb + 1;
+  float acc = 0.f;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t h = h0; h < h1; ++h) acc += p.ds_dst[n * p.ds_b + h * p.ds_h + i * p.ds_i + j * p.ds_j];
+  p.d_bias[nb * p.dbias_b + hb * p.dbias_h + i * p.dbias_i + j * p.dbias_j] = acc;
+}
+
+}  // namespace sinkattn::cuda_f32
