@@ -13,16 +13,7 @@
 namespace sinkattn::cli {
 
 // Bytes per element.
-inline int64_t dtype_size(sinkattn_dtype_t t) {
-  switch (t) {
-    case SINKATTN_F32: return 4;
-    case SINKATTN_F16: return 2;
-    case SINKATTN_BF16: return 2;
-    case SINKATTN_I32: return 4;
-    case SINKATTN_I64: return 8;
-  }
-  return 0;
-}
+inline int64_t dtype_size(sinkattn_dtype_t t) { return static_cast<int64_t>(sinkattn_dtype_size(t)); }
 
 // safetensors spelling of a dtype ("F32", "F16", "BF16", "I32", "I64").
 inline const char* dtype_name(sinkattn_dtype_t t) {

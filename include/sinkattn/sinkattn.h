@@ -169,6 +169,9 @@ typedef struct {
 /* Fills *p with the defaults above (all tensors absent). */
 SINKATTN_API void sinkattn_params_init(sinkattn_params_t* p);
 
+/* Bytes per element of `dtype` (0 for an unknown value). */
+SINKATTN_API size_t sinkattn_dtype_size(sinkattn_dtype_t dtype);
+
 /* Convenience: a tensor view. `strides == NULL` means row-major contiguous. */
 SINKATTN_API sinkattn_tensor_t sinkattn_make_tensor(void* data, sinkattn_dtype_t dtype, int32_t rank,
                                                     const int64_t* shape, const int64_t* strides);

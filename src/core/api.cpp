@@ -167,6 +167,17 @@ SINKATTN_API void sinkattn_params_init(sinkattn_params_t* p) {
   p->backend = SINKATTN_BACKEND_AUTO;
 }
 
+SINKATTN_API size_t sinkattn_dtype_size(sinkattn_dtype_t dtype) {
+  switch (dtype) {
+    case SINKATTN_F32: return 4;
+    case SINKATTN_F16: return 2;
+    case SINKATTN_BF16: return 2;
+    case SINKATTN_I32: return 4;
+    case SINKATTN_I64: return 8;
+  }
+  return 0;
+}
+
 SINKATTN_API sinkattn_tensor_t sinkattn_make_tensor(void* data, sinkattn_dtype_t dtype, int32_t rank,
                                                     const int64_t* shape, const int64_t* strides) {
   sinkattn_tensor_t t;
