@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train a small GPT-OSS-style decoder as a byte-level language model with sinkattn attention (issue 4, item 5).
+"""Train a small GPT-OSS-style decoder as a byte-level language model with sinkattn attention.
 
 Model (GPT-OSS shape, scaled down): token embedding, L pre-norm blocks (RMSNorm; grouped-query attention with
 RoPE and one learnable sink logit per query head; SwiGLU MLP), final RMSNorm, untied output head. Layers
@@ -388,30 +388,29 @@ def benchmark(cfg, log=print, steps=10):
 
 def parse_args(argv=None):
     on_gpu = jax.default_backend() == "gpu"
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--attention", choices=sorted(ATTENTION), default="sinkattn")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--attention", choices=sorted(ATTENTION), default="sinkattn", help="(default: %(default)s)")
     ap.add_argument("--context", type=int, default=None, help="tokens per sequence (default 256; 4096 with --benchmark)")
-    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--steps", type=int, default=250, help="(default: %(default)s)")
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; 4 with --benchmark)")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=4, help="(default: %(default)s)")
+    ap.add_argument("--d-model", type=int, default=128, help="(default: %(default)s)")
+    ap.add_argument("--heads", type=int, default=4, help="(default: %(default)s)")
+    ap.add_argument("--kv-heads", type=int, default=2, help="(default: %(default)s)")
+    ap.add_argument("--head-dim", type=int, default=32, help="(default: %(default)s)")
     ap.add_argument("--d-ff", type=int, default=None, help="MLP width (default 4 * d_model)")
-    ap.add_argument("--window", type=int, default=127, help="window_left of the sliding-window layers (GPT-OSS: 127)")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16" if on_gpu else "float32")
-    ap.add_argument("--check-steps", type=int, default=5, help="steps compared with the reference attention (0: skip)")
+    ap.add_argument("--window", type=int, default=127, help="window_left of the sliding-window layers (default: %(default)s, as GPT-OSS)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="(default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=20, help="(default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16" if on_gpu else "float32", help="(default: %(default)s)")
+    ap.add_argument("--check-steps", type=int, default=5, help="steps compared with the reference attention (0: skip; default: %(default)s)")
     ap.add_argument("--check-tol", type=float, default=None,
                     help="max relative loss difference in the check (default 1e-4 float32, 2e-3 bf16/fp16)")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--eval-batches", type=int, default=4)
-    ap.add_argument("--data-dir", default=LICENSE_DIR)
+    ap.add_argument("--log-every", type=int, default=10, help="(default: %(default)s)")
+    ap.add_argument("--eval-every", type=int, default=50, help="(default: %(default)s)")
+    ap.add_argument("--eval-batches", type=int, default=4, help="(default: %(default)s)")
+    ap.add_argument("--data-dir", default=LICENSE_DIR, help="(default: %(default)s)")
     ap.add_argument("--benchmark", action="store_true", help="report tokens/s of sinkattn vs reference and exit")
     ap.add_argument("--json", default=None, help="write the results as JSON to this path")
     a = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the build tree into a temporary prefix and builds + runs a separate project that uses
-# find_package(sinkattn) and links sinkattn::sinkattn (issue: `cmake --install` gives headers, library, config).
+# find_package(sinkattn) and links sinkattn::sinkattn: `cmake --install` must give the headers, the library and the package config.
 set -euo pipefail
 build=$1; src=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

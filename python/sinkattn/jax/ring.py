@@ -1,4 +1,4 @@
-"""Context-parallel ring attention with softmax sinks (issue 4, item 3).
+"""Context-parallel ring attention with softmax sinks.
 
 The sequence axis of query/key/value is sharded over one mesh axis (``seq_axis``, size ``p``). Each device keeps
 its query block and passes its key/value block around the ring with ``lax.ppermute``; at every step it makes ONE

@@ -1,4 +1,4 @@
-"""Data- and tensor-parallel sink attention under ``jax.jit`` with a ``Mesh`` (issue 4, item 3).
+"""Data- and tensor-parallel sink attention under ``jax.jit`` with a ``Mesh``.
 
 :func:`sharded_dot_product_attention` runs the fused op on each device's shard through ``jax.shard_map``, so XLA
 never all-gathers query/key/value:
