@@ -7,8 +7,12 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
+import math  # noqa: E402
+
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 
 
 def enable_x64():
@@ -22,3 +26,25 @@ def enable_x64():
 @pytest.fixture(scope="session")
 def x64():
     return enable_x64
+
+
+TINY = 1e-6
+
+
+def rel_err(x, r):
+    """SPEC.md section 5: max|x - ref| / max(max|ref|, tiny) over finite reference entries; NaN never passes and
+    infinities (e.g. the LSE of rows that see no key) must sit at the same places."""
+    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
+    assert not np.isnan(x).any(), "NaN in the result"
+    assert np.array_equal(np.isinf(x), np.isinf(r)), "infinities differ"
+    fin = np.isfinite(r)
+    scale = max(np.max(np.abs(r[fin]), initial=0.0), TINY)
+    return float(np.max(np.abs(x[fin] - r[fin]), initial=0.0) / scale)
+
+
+def make_mesh(shape, names):
+    """A Mesh of the first prod(shape) devices; skips the test when there are fewer."""
+    n = math.prod(shape)
+    if len(jax.devices()) < n:
+        pytest.skip(f"needs {n} devices")
+    return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)

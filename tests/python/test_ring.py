@@ -12,13 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import sinkattn.jax as sj
 from sinkattn.jax import ring
-from conftest import enable_x64
+from conftest import enable_x64, make_mesh, rel_err
 
-TINY = 1e-6
 TOL = {"out": 1e-5, "lse": 1e-5, "grad": 1e-4}  # SPEC.md section 5, fp32
 # The CUDA backend runs fp16/bf16 (fp32 is the CPU backend's): on a GPU the cases run in bf16 and are judged by
 # SPEC.md section 5's low-precision rule against float64 (see _compare_low_precision); on the CPU in fp32.
@@ -26,21 +25,6 @@ ON_GPU = jax.default_backend() == "gpu"
 DT = jnp.bfloat16 if ON_GPU or os.environ.get("SINKATTN_TEST_BF16") else jnp.float32
 
 
-def rel_err(x, r):
-    """SPEC.md section 5: max|x - ref| / max(max|ref|, tiny); -inf must match -inf."""
-    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
-    assert not np.isnan(x).any(), "NaN in the result"
-    assert np.array_equal(np.isinf(x), np.isinf(r)), "infinities differ"
-    fin = np.isfinite(r)
-    scale = max(np.max(np.abs(r[fin]), initial=0.0), TINY)
-    return float(np.max(np.abs(x[fin] - r[fin]), initial=0.0) / scale)
-
-
-def _mesh(shape, names):
-    n = math.prod(shape)
-    if len(jax.devices()) < n:
-        pytest.skip(f"needs {n} devices")
-    return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)
 
 
 def _inputs(B, T, N, K, H, seed):
@@ -193,7 +177,7 @@ CASES = [
 @pytest.mark.parametrize("softmax_type,mask,layout,p", CASES)
 def test_ring_matches_single_device(softmax_type, mask, layout, p):
     B, T, N, K, H = 2, 32, 4, 2, 32
-    mesh = _mesh((p,), ("cp",))
+    mesh = make_mesh((p,), ("cp",))
     q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=zlib.crc32(repr((softmax_type, mask, layout, p)).encode()))
     kw = dict(softmax_type=softmax_type, **mask)
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, layout, **kw)
@@ -210,7 +194,7 @@ def test_ring_matches_single_device(softmax_type, mask, layout, p):
 def test_ring_with_batch_and_head_sharding():
     """data x cp x heads = 2 x 2 x 2 mesh, zig-zag causal, GQA: d_sinks summed over data and cp, sharded by heads."""
     B, T, N, K, H = 4, 32, 4, 2, 32
-    mesh = _mesh((2, 2, 2), ("data", "cp", "model"))
+    mesh = make_mesh((2, 2, 2), ("data", "cp", "model"))
     q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=7)
     kw = dict(softmax_type="learnable", is_causal=True)
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, "zigzag", batch_axes="data", head_axis="model", **kw)
@@ -225,7 +209,7 @@ def test_ring_with_batch_and_head_sharding():
 def test_ring_matches_float64_reference():
     """One case against the pure-JAX float64 reference of SPEC.md directly (not only against the fused op)."""
     B, T, N, K, H = 2, 32, 4, 2, 32
-    mesh = _mesh((4,), ("cp",))
+    mesh = make_mesh((4,), ("cp",))
     q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=11)
     kw = dict(softmax_type="learnable", is_causal=True, local_window_size=(9, 0))
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, "contiguous", **kw)
@@ -247,7 +231,7 @@ def test_zigzag_permute_roundtrip_and_order():
 
 
 def test_ring_errors():
-    mesh = _mesh((2,), ("cp",))
+    mesh = make_mesh((2,), ("cp",))
     q = jnp.ones((1, 8, 2, 32), DT)
     with pytest.raises(NotImplementedError, match="zig-zag"):
         ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", is_causal=True,

@@ -10,29 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import sinkattn.jax as sj
 from sinkattn.jax.sharding import sharded_dot_product_attention
+from conftest import make_mesh, rel_err
 
-TINY = 1e-6
 TOL = {"out": 1e-5, "lse": 1e-5, "grad": 1e-4}  # SPEC.md section 5, fp32
 
 
-def rel_err(x, r):
-    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
-    assert not np.isnan(x).any(), "NaN in the result"
-    assert np.array_equal(np.isinf(x), np.isinf(r)), "infinities differ"
-    fin = np.isfinite(r)
-    scale = max(np.max(np.abs(r[fin]), initial=0.0), TINY)
-    return float(np.max(np.abs(x[fin] - r[fin]), initial=0.0) / scale)
-
-
-def _mesh(shape, names):
-    n = math.prod(shape)
-    if len(jax.devices()) < n:
-        pytest.skip(f"needs {n} devices")
-    return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)
 
 
 def _case(B, T, S, N, K, H, bias_shape=None, seed=0):
@@ -102,7 +88,7 @@ def _no_gather(hlo):
 
 
 def test_data_and_tensor_parallel_gqa_window_bias_lse():
-    mesh = _mesh((4, 2), ("data", "model"))
+    mesh = make_mesh((4, 2), ("data", "model"))
     x, g, g_lse = _case(B=4, T=16, S=24, N=4, K=2, H=32, bias_shape=(1, 4, 16, 24), seed=1)
     kv_len = jnp.array([24, 5, 0, 17], jnp.int32)  # includes a batch element with no key at all
     r_plain, r_shard, hlo = _run(mesh, "data", "model", x, g, g_lse, softmax_type="learnable", is_causal=True,
@@ -113,7 +99,7 @@ def test_data_and_tensor_parallel_gqa_window_bias_lse():
 
 
 def test_data_parallel_only_segment_ids_off_by_one():
-    mesh = _mesh((8,), ("data",))
+    mesh = make_mesh((8,), ("data",))
     x, g, g_lse = _case(B=8, T=16, S=16, N=2, K=1, H=32, seed=2)  # (the op refuses bias with segment_ids)
     seg = np.repeat(np.arange(4), 4)[None].repeat(8, 0)
     seg[::2, 6:] += 1  # different packings in different batch elements
@@ -124,7 +110,7 @@ def test_data_parallel_only_segment_ids_off_by_one():
 
 
 def test_tensor_parallel_only_causal_query_lengths():
-    mesh = _mesh((4,), ("model",))
+    mesh = make_mesh((4,), ("model",))
     x, g, g_lse = _case(B=2, T=16, S=16, N=8, K=4, H=32, bias_shape=(2, 8, 16, 16), seed=3)
     r_plain, r_shard, hlo = _run(mesh, None, "model", x, g, g_lse, softmax_type="learnable", is_causal=True,
                                  query_seq_lengths=jnp.array([16, 9], jnp.int32))
@@ -138,7 +124,7 @@ def test_tensor_parallel_only_causal_query_lengths():
 
 
 def test_batch_over_two_mesh_axes_vanilla():
-    mesh = _mesh((2, 4), ("replica", "data"))
+    mesh = make_mesh((2, 4), ("replica", "data"))
     x, g, g_lse = _case(B=8, T=8, S=8, N=2, K=2, H=32, seed=4)
     r_plain, r_shard, hlo = _run(mesh, ["replica", "data"], None, x, g, g_lse, softmax_type="vanilla",
                                  is_causal=True)
@@ -148,7 +134,7 @@ def test_batch_over_two_mesh_axes_vanilla():
 
 def test_dropout_each_shard_folds_its_index():
     """Sharded dropout == the op on each shard with fold_in(dropout_rng, linear shard index)."""
-    mesh = _mesh((2, 2), ("data", "model"))
+    mesh = make_mesh((2, 2), ("data", "model"))
     x, _, _ = _case(B=4, T=8, S=8, N=4, K=2, H=32, seed=5)
     rng = jax.random.PRNGKey(42)
     kw = dict(softmax_type="learnable", dropout_rate=0.3, dropout_rng=rng)
@@ -169,7 +155,7 @@ def test_dropout_each_shard_folds_its_index():
 
 
 def test_errors():
-    mesh = _mesh((4,), ("model",))
+    mesh = make_mesh((4,), ("model",))
     q = jnp.ones((2, 8, 4, 8), jnp.float32)
     kv = jnp.ones((2, 8, 2, 8), jnp.float32)  # K = 2 heads cannot be split over 4 devices
     with pytest.raises(ValueError, match="KV heads"):
@@ -190,7 +176,7 @@ def test_user_shard_map_checked_dropout_gradients():
     from sinkattn.jax.attention import vma_typing_supported
 
     assert vma_typing_supported()  # so sharding.py / ring.py run their shard_maps checked (check_vma=True) here
-    mesh = _mesh((4,), ("data",))
+    mesh = make_mesh((4,), ("data",))
     p, T, N, K, H = 4, 12, 4, 2, 32
     x, _, _ = _case(B=p, T=T, S=T, N=N, K=K, H=H, seed=6)
     q, k, v = (x[n].reshape(p * T, x[n].shape[2], H) for n in ("q", "k", "v"))  # packed, T rows per shard
