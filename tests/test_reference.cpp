@@ -12,20 +12,7 @@ namespace sinkattn::test {
 namespace {
 
 TEST(Reference, PhiloxKnownAnswers) {
-  // Random123 kat_vectors, philox4x32_10.
-  struct Kat {
-    uint32_t ctr[4], key[2], want[4];
-  };
-  const Kat kats[] = {
-      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
-      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-       {0xffffffffu, 0xffffffffu},
-       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
-      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
-       {0xa4093822u, 0x299f31d0u},
-       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
-  };
-  for (const Kat& k : kats) {
+  for (const PhiloxKat& k : kPhiloxKnownAnswers) {
     uint32_t out[4];
     ref::philox4x32_10(k.ctr, k.key, out);
     for (int w = 0; w < 4; ++w) EXPECT_EQ(out[w], k.want[w]) << "word " << w;

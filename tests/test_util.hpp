@@ -25,6 +25,20 @@ namespace sinkattn::test {
 
 namespace ref = ::sinkattn::ref;
 
+// Random123's kat_vectors for philox4x32_10 (SPEC.md section 2, dropout): counter, key, expected output.
+struct PhiloxKat {
+  uint32_t ctr[4], key[2], want[4];
+};
+inline constexpr PhiloxKat kPhiloxKnownAnswers[] = {
+    {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+    {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+     {0xffffffffu, 0xffffffffu},
+     {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+    {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+     {0xa4093822u, 0x299f31d0u},
+     {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+};
+
 inline size_t dtype_size(sinkattn_dtype_t t) {
   switch (t) {
     case SINKATTN_F32: return 4;

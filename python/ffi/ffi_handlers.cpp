@@ -146,19 +146,26 @@ ffi::Error read_optional(const ffi::RemainingArgs& args, int32_t ops, bool backw
   return ffi::Error::Success();
 }
 
+// The part of a call both passes share: options, backend, stream and the q, k, v views.
+ffi::Error start_params(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, const Options& o, sinkattn_params_t* p) {
+  sinkattn_params_init(p);
+  apply_options(o, p);
+  p->backend = backend;
+  p->stream = stream;
+  SINKATTN_TRY(to_tensor(q, "query", &p->q));
+  SINKATTN_TRY(to_tensor(k, "key", &p->k));
+  SINKATTN_TRY(to_tensor(v, "value", &p->v));
+  return ffi::Error::Success();
+}
+
 // SPEC.md section 2: out, softmax_lse (and rng_state) from q, k, v and the options.
 ffi::Error forward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
                         ffi::RemainingRets rets, const Options& o) {
   sinkattn_params_t p;
-  sinkattn_params_init(&p);
-  apply_options(o, &p);
-  p.backend = backend;
-  p.stream = stream;
-  SINKATTN_TRY(to_tensor(q, "query", &p.q));
-  SINKATTN_TRY(to_tensor(k, "key", &p.k));
-  SINKATTN_TRY(to_tensor(v, "value", &p.v));
+  SINKATTN_TRY(start_params(backend, stream, q, k, v, o, &p));
   SINKATTN_TRY(read_optional(args, o.operands, /*backward=*/false, &p));
   SINKATTN_TRY(to_tensor(*out, "out", &p.out));
   SINKATTN_TRY(to_tensor(*lse, "softmax_lse", &p.softmax_lse));
@@ -181,13 +188,7 @@ ffi::Error backward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffe
                          ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace,
                          ffi::RemainingRets rets, const Options& o) {
   sinkattn_params_t p;
-  sinkattn_params_init(&p);
-  apply_options(o, &p);
-  p.backend = backend;
-  p.stream = stream;
-  SINKATTN_TRY(to_tensor(q, "query", &p.q));
-  SINKATTN_TRY(to_tensor(k, "key", &p.k));
-  SINKATTN_TRY(to_tensor(v, "value", &p.v));
+  SINKATTN_TRY(start_params(backend, stream, q, k, v, o, &p));
   SINKATTN_TRY(to_tensor(out, "out", &p.out));
   SINKATTN_TRY(to_tensor(lse, "softmax_lse", &p.softmax_lse));
   SINKATTN_TRY(to_tensor(d_out, "d_out", &p.d_out));
