@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (no network): install the Python package with the CUDA backend from this tree and run the
 # Python test suite on JAX's GPU backend, then the example's GPU check and its tokens/s benchmark.
+# Environment: SITE_DIR (prebuilt install, see below), PY_STEPS (default "pytest example bench"), PYTEST_TIMEOUT.
 # Logs go to $OUT (default ./gpu-check-out): py_install.log pytest.log example.log example_bench.log.
 set -u
 cd "$(dirname "$0")/.."
@@ -9,13 +10,21 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
-t0=$(date +%s)
-$PY -m pip install -q --no-build-isolation --no-deps --target /tmp/sinkattn-site . \
-  --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >"$OUT/py_install.log" 2>&1
-rc=$?
-note "python package install (CUDA): rc=$rc in $(($(date +%s) - t0)) s"
-[ $rc -eq 0 ] || { tail -30 "$OUT/py_install.log"; exit 1; }
-export PYTHONPATH=/tmp/sinkattn-site${PYTHONPATH:+:$PYTHONPATH}
+# SITE_DIR: a package already installed with `pip install --target SITE_DIR .` (for example built on a machine
+# without a GPU and carried here); otherwise the package is built and installed here into /tmp/sinkattn-site.
+if [ -n "${SITE_DIR:-}" ] && [ -d "$SITE_DIR/sinkattn" ]; then
+  SITE=$(cd "$SITE_DIR" && pwd)
+  note "python package: using the prebuilt install in $SITE_DIR"
+else
+  SITE=/tmp/sinkattn-site
+  t0=$(date +%s)
+  $PY -m pip install -q --no-build-isolation --no-deps --target "$SITE" . \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >"$OUT/py_install.log" 2>&1
+  rc=$?
+  note "python package install (CUDA): rc=$rc in $(($(date +%s) - t0)) s"
+  [ $rc -eq 0 ] || { tail -30 "$OUT/py_install.log"; exit 1; }
+fi
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 status=0
 if [[ " ${PY_STEPS:-pytest example bench} " == *" pytest "* ]]; then
   t0=$(date +%s)

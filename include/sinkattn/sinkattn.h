@@ -117,8 +117,9 @@ typedef struct {
   sinkattn_tensor_t bias;   /* optional post-scale bias, fp32 or dtype of q, [b|1, h_q|1, s_q, s_kv]; dense only */
 
   /* ---- batch description (SPEC.md section 1); all int32, memory of q. Their contents (monotonic, in range)
-   * are checked when they are in host memory; in device memory they are trusted, since reading them would
-   * need a synchronising copy. ---- */
+   * are checked by every entry point. In device memory that reads them with a synchronising copy of b + 1
+   * entries on `stream`, except while `stream` is being captured into a CUDA graph (no synchronisation is
+   * allowed there): captured calls trust the contents. ---- */
   sinkattn_tensor_t cu_seqlens_q;   /* varlen: [b+1], non-decreasing, cu_seqlens_q[0] == 0 */
   sinkattn_tensor_t cu_seqlens_kv;  /* varlen: [b+1]; required together with cu_seqlens_q */
   sinkattn_tensor_t seqused_kv;     /* varlen only, optional [b]: keys actually used per sequence */

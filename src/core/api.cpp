@@ -28,6 +28,15 @@ Memory pointer_memory(const void* ptr) {
 #endif
 }
 
+bool device_to_host(const void* src, void* dst, size_t bytes, void* stream) {
+#ifdef SINKATTN_WITH_CUDA
+  return cuda_device_to_host(src, dst, bytes, stream);
+#else
+  (void)src, (void)dst, (void)bytes, (void)stream;
+  return false;
+#endif
+}
+
 namespace {
 
 thread_local std::string g_last_error;

@@ -40,4 +40,11 @@ Memory pointer_memory(const void* ptr);
 // Implemented by the CUDA backend (src/cuda) when compiled in: cudaPointerGetAttributes-based.
 Memory cuda_pointer_memory(const void* ptr);
 
+// Copies `bytes` from device memory at `src` to host memory at `dst`, ordered after the work already queued on
+// `stream` (a cudaStream_t; NULL = default stream), and waits for it. Returns false, copying nothing, when the
+// stream is being captured into a CUDA graph (no synchronisation is allowed there), when the copy fails, or
+// without the CUDA backend. Used to validate batch tensors in device memory (SPEC.md section 4).
+bool device_to_host(const void* src, void* dst, size_t bytes, void* stream);
+bool cuda_device_to_host(const void* src, void* dst, size_t bytes, void* stream);
+
 }  // namespace sinkattn

@@ -120,63 +120,95 @@ bool is_float_dtype(sinkattn_dtype_t t) { return t == SINKATTN_F32 || t == SINKA
 
 const int32_t* host_i32(const sinkattn_tensor_t& t) { return static_cast<const int32_t*>(t.data); }
 
-// Checks the contents of the int32 batch tensors when they are in host memory (device contents are trusted:
-// reading them would need a synchronising copy).
+// A batch tensor's int32 entries as host memory: the caller's pointer when the tensor is in host memory, else a
+// copy of the span it covers read by device_to_host (ordered on the call's stream). `ok` is false when device
+// contents cannot be read now (the stream is being captured into a CUDA graph): they are then not checked.
+struct HostI32 {
+  const int32_t* data = nullptr;
+  int64_t stride = 1;
+  std::vector<int32_t> copy;
+  bool ok = false;
+  int32_t operator[](int64_t i) const { return data[i * stride]; }
+};
+
+HostI32 host_view(const Call& c, const sinkattn_tensor_t& t, int64_t count) {
+  HostI32 v;
+  v.stride = t.strides[0];
+  if (c.memory == Memory::kHost) {
+    v.data = static_cast<const int32_t*>(t.data);
+    v.ok = true;
+    return v;
+  }
+  const int64_t span = count > 0 ? (count - 1) * v.stride + 1 : 0;
+  v.copy.resize(static_cast<size_t>(span));
+  v.ok = span == 0 || device_to_host(t.data, v.copy.data(), static_cast<size_t>(span) * sizeof(int32_t), c.p->stream);
+  v.data = v.copy.data();
+  return v;
+}
+
+// Checks the contents of the int32 batch tensors (SPEC.md sections 1 and 4). In device memory they are read with a
+// synchronising copy of b + 1 entries on the call's stream, except while that stream is being captured into a
+// CUDA graph, where nothing may synchronise: the contents are then trusted.
 Status check_batch_contents(const Call& c) {
   const sinkattn_params_t& p = *c.p;
-  if (c.memory != Memory::kHost) return Status::ok();
   if (c.plan.varlen) {
     if (p.cu_seqlens_q.data == nullptr || p.cu_seqlens_kv.data == nullptr) return Status::ok();  // shape-only
-    const int32_t* cq = host_i32(p.cu_seqlens_q);
-    const int32_t* ck = host_i32(p.cu_seqlens_kv);
-    const int64_t sq = p.cu_seqlens_q.strides[0], sk = p.cu_seqlens_kv.strides[0];
+    const HostI32 cq = host_view(c, p.cu_seqlens_q, c.b + 1);
+    const HostI32 ck = host_view(c, p.cu_seqlens_kv, c.b + 1);
+    if (!cq.ok || !ck.ok) return Status::ok();
+    HostI32 used;
+    if (c.plan.seqused_kv && p.seqused_kv.data != nullptr) {
+      used = host_view(c, p.seqused_kv, c.b);
+      if (!used.ok) return Status::ok();
+    }
     if (cq[0] != 0) return invalid("cu_seqlens_q: must start at 0, got " + std::to_string(cq[0]));
     if (ck[0] != 0) return invalid("cu_seqlens_kv: must start at 0, got " + std::to_string(ck[0]));
     for (int64_t n = 0; n < c.b; ++n) {
-      const int64_t lq = int64_t(cq[(n + 1) * sq]) - cq[n * sq];
-      const int64_t lk = int64_t(ck[(n + 1) * sk]) - ck[n * sk];
+      const int64_t lq = int64_t(cq[n + 1]) - cq[n];
+      const int64_t lk = int64_t(ck[n + 1]) - ck[n];
       if (lq < 0)
         return invalid("cu_seqlens_q: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
-                       std::to_string(cq[(n + 1) * sq]) + ") < entry " + std::to_string(n) + " (" +
-                       std::to_string(cq[n * sq]) + ")");
+                       std::to_string(cq[n + 1]) + ") < entry " + std::to_string(n) + " (" + std::to_string(cq[n]) + ")");
       if (lk < 0)
         return invalid("cu_seqlens_kv: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
-                       std::to_string(ck[(n + 1) * sk]) + ") < entry " + std::to_string(n) + " (" +
-                       std::to_string(ck[n * sk]) + ")");
+                       std::to_string(ck[n + 1]) + ") < entry " + std::to_string(n) + " (" + std::to_string(ck[n]) + ")");
       if (lq > c.s_q)
         return invalid("max_seqlen_q: sequence " + std::to_string(n) + " has " + std::to_string(lq) +
                        " query rows, more than max_seqlen_q = " + std::to_string(c.s_q));
       if (lk > c.s_kv)
         return invalid("max_seqlen_kv: sequence " + std::to_string(n) + " has " + std::to_string(lk) +
                        " keys, more than max_seqlen_kv = " + std::to_string(c.s_kv));
-      if (c.plan.seqused_kv && p.seqused_kv.data != nullptr) {
-        const int32_t u = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
+      if (used.data != nullptr) {
+        const int32_t u = used[n];
         if (u < 0 || u > lk)
           return invalid("seqused_kv: entry " + std::to_string(n) + " is " + std::to_string(u) +
                          ", must be in [0, cu_seqlens_kv[n+1] - cu_seqlens_kv[n]] = [0, " + std::to_string(lk) + "]");
       }
     }
-    if (cq[c.b * sq] > c.total_q)
-      return invalid("cu_seqlens_q: last entry " + std::to_string(cq[c.b * sq]) + " exceeds total_q = " +
+    if (cq[c.b] > c.total_q)
+      return invalid("cu_seqlens_q: last entry " + std::to_string(cq[c.b]) + " exceeds total_q = " +
                      std::to_string(c.total_q) + " (rows of q)");
-    if (ck[c.b * sk] > c.total_kv)
-      return invalid("cu_seqlens_kv: last entry " + std::to_string(ck[c.b * sk]) + " exceeds total_kv = " +
+    if (ck[c.b] > c.total_kv)
+      return invalid("cu_seqlens_kv: last entry " + std::to_string(ck[c.b]) + " exceeds total_kv = " +
                      std::to_string(c.total_kv) + " (rows of k)");
   } else {
-    if (c.plan.seqlens_q && p.seqlens_q.data != nullptr) {
+    const struct {
+      bool used;
+      const sinkattn_tensor_t& t;
+      const char* name;
+      const char* extent;
+      int64_t max;
+    } dense[] = {{c.plan.seqlens_q, p.seqlens_q, "seqlens_q", "s_q", c.s_q},
+                 {c.plan.seqlens_kv, p.seqlens_kv, "seqlens_kv", "s_kv", c.s_kv}};
+    for (const auto& d : dense) {
+      if (!d.used || d.t.data == nullptr) continue;
+      const HostI32 v = host_view(c, d.t, c.b);
+      if (!v.ok) continue;
       for (int64_t n = 0; n < c.b; ++n) {
-        const int32_t l = host_i32(p.seqlens_q)[n * p.seqlens_q.strides[0]];
-        if (l < 0 || l > c.s_q)
-          return invalid("seqlens_q: entry " + std::to_string(n) + " is " + std::to_string(l) + ", must be in [0, s_q = " +
-                         std::to_string(c.s_q) + "]");
-      }
-    }
-    if (c.plan.seqlens_kv && p.seqlens_kv.data != nullptr) {
-      for (int64_t n = 0; n < c.b; ++n) {
-        const int32_t l = host_i32(p.seqlens_kv)[n * p.seqlens_kv.strides[0]];
-        if (l < 0 || l > c.s_kv)
-          return invalid("seqlens_kv: entry " + std::to_string(n) + " is " + std::to_string(l) +
-                         ", must be in [0, s_kv = " + std::to_string(c.s_kv) + "]");
+        const int32_t l = v[n];
+        if (l < 0 || l > d.max)
+          return invalid(std::string(d.name) + ": entry " + std::to_string(n) + " is " + std::to_string(l) +
+                         ", must be in [0, " + d.extent + " = " + std::to_string(d.max) + "]");
       }
     }
   }

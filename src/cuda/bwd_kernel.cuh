@@ -177,27 +177,38 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   load_tile_async<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
   load_tile_async<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
-  auto issue = [&](int it, int buf) {
-    const int h = hk * p.group + it / nq;
-    const int i0 = (qb_lo + it % nq) * BM;
+  // Step `it` = (query head hk * group + it / nq, query block qb_lo + it % nq), head-major; (ih, iq) are it / nq
+  // and it % nq, tracked without a division. Q and dO go to shared memory through cp.async; LSE2 and D of the
+  // block's rows are read into registers (pf_*) by issue() and stored to shared memory by store_rows() at the end
+  // of the current step, so no warp waits on their global latency.
+  float pf_l2 = INFINITY, pf_d = 0.f;
+  auto issue = [&](int buf, int ih, int iq) {
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
     const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
     const T* dog =
         static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
     load_tile_async<BM, HD, Tr::kThreads>(sQ + buf * BM * LD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
     load_tile_async<BM, HD, Tr::kThreads>(sdO + buf * BM * LD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
-    for (int r = tid; r < BM; r += Tr::kThreads) {
-      const int i = i0 + r;
-      float l2 = INFINITY, d = 0.f;
-      if (i < sq.len_q) {
-        const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i);
-        l2 = p.ws_lse2[wr];
-        d = p.ws_dp[wr];
-      }
-      sL[buf * BM + r] = l2;
-      sD[buf * BM + r] = d;
+    static_assert(BM <= Tr::kThreads, "one row per thread");
+    pf_l2 = INFINITY;
+    pf_d = 0.f;
+    if (tid < BM && i0 + tid < sq.len_q) {
+      const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i0 + tid);
+      pf_l2 = p.ws_lse2[wr];
+      pf_d = p.ws_dp[wr];
     }
   };
-  if (iters > 0) issue(0, 0);
+  auto store_rows = [&](int buf) {
+    if (tid < BM) {
+      sL[buf * BM + tid] = pf_l2;
+      sD[buf * BM + tid] = pf_d;
+    }
+  };
+  if (iters > 0) {
+    issue(0, 0, 0);
+    store_rows(0);
+  }
   cp_async_commit();
 
   float acc_dk[NO][4], acc_dv[NO][4];
@@ -209,14 +220,18 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   int qw_lo = 0, qw_hi = 0;
   if (key_w < sq.len_kv) mk.query_range(key_w, min(key_w + 16, sq.len_kv), qw_lo, qw_hi);
 
+  int ih = 0, iq = 0;  // it / nq, it % nq
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();
-    if (it + 1 < iters) issue(it + 1, buf ^ 1);
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    int ih_next = ih, iq_next = iq + 1;
+    if (iq_next == nq) iq_next = 0, ++ih_next;
+    const bool prefetch = it + 1 < iters;
+    if (prefetch) issue(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
-    const int h = hk * p.group + it / nq;
-    const int i0 = (qb_lo + it % nq) * BM;
     const T* q_cur = sQ + buf * BM * LD;
     const T* do_cur = sdO + buf * BM * LD;
     const float* l_cur = sL + buf * BM;
@@ -288,6 +303,9 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
         }
       }
     }
+    if (prefetch) store_rows(buf ^ 1);
+    ih = ih_next;
+    iq = iq_next;
   }
   cp_async_wait<0>();
   const int rows_valid = rows_out - warp * 16;

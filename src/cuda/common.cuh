@@ -112,17 +112,37 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Copies a tile of ROWS x HD elements (row stride `ld` elements in global memory) into shared memory with
 // row stride HD + 8 (16-byte padding: ldmatrix rows land in distinct banks). Rows >= rows_valid and columns
 // >= cols_valid (a multiple of 8) are zero-filled without being read.
+// When NTHREADS is a multiple of the 16-byte chunks per row, each thread owns one fixed column chunk and a fixed
+// set of rows (compile-time trip count, pointers advanced by a constant): no per-chunk division or 64-bit
+// multiply in the mainloop. Otherwise a plain strided loop.
 template <int ROWS, int HD, int NTHREADS, typename T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
                                                 int tid) {
   constexpr int kChunks = HD / 8;
   constexpr int kStride = HD + 8;
+  if constexpr (NTHREADS % kChunks == 0) {
+    constexpr int kRowStep = NTHREADS / kChunks;  // rows covered by one pass of all threads
+    const int cc = tid % kChunks, r0 = tid / kChunks;
+    const bool col_ok = cc * 8 < cols_valid;
+    const T* src = gmem + r0 * ld + cc * 8;
+    T* dst = smem + r0 * kStride + cc * 8;
 #pragma unroll
-  for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) {
-    const int r = idx / kChunks, cc = idx % kChunks;
-    const bool valid = r < rows_valid && cc * 8 < cols_valid;
-    const T* src = valid ? gmem + r * ld + cc * 8 : gmem;
-    cp_async16(smem + r * kStride + cc * 8, src, valid);
+    for (int k = 0; k < (ROWS + kRowStep - 1) / kRowStep; ++k) {
+      const int r = r0 + k * kRowStep;
+      if (ROWS % kRowStep == 0 || r < ROWS) {
+        const bool valid = col_ok && r < rows_valid;
+        cp_async16(dst + k * kRowStep * kStride, valid ? src : gmem, valid);
+      }
+      src += kRowStep * ld;
+    }
+  } else {
+#pragma unroll
+    for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) {
+      const int r = idx / kChunks, cc = idx % kChunks;
+      const bool valid = r < rows_valid && cc * 8 < cols_valid;
+      const T* src = valid ? gmem + r * ld + cc * 8 : gmem;
+      cp_async16(smem + r * kStride + cc * 8, src, valid);
+    }
   }
 }
 

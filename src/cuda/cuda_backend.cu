@@ -385,4 +385,20 @@ Memory cuda_pointer_memory(const void* ptr) {
   return (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) ? Memory::kDevice : Memory::kHost;
 }
 
+bool cuda_device_to_host(const void* src, void* dst, size_t bytes, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+      cudaStreamSynchronize(st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace sinkattn

@@ -115,9 +115,13 @@ __device__ __forceinline__ void gemm_pb_m(float (&acc)[MT][NO][4], const float (
 // stride LDA; sAt points at the tile's first m column) and B row-major (sB[k][n], row stride LDB; sB points at
 // the tile's first n column). Used for dQ += dS K in the fused backward, dS^T being held per key row.
 // ldmatrix .trans of the stored [k][m] 8x8 blocks gives thread (g, t) A(m = g, k = 2t, 2t + 1): the A layout.
+// The k-steps alternate between two accumulator sets (summed at the end): NC * 2 independent products in flight
+// instead of NC, since a long k-loop with few columns is otherwise one dependent chain per accumulator.
 template <typename T, int NC, int KD, int LDA, int LDB>
 __device__ __forceinline__ void gemm_atb(float (&acc)[NC][4], const T* sAt, const T* sB, int lane) {
-  static_assert(NC % 2 == 0 && KD % 16 == 0, "tile shape");
+  static_assert(NC % 2 == 0 && KD % 32 == 0, "tile shape");
+  float acc2[NC][4];
+  zero_acc(acc2);
 #pragma unroll
   for (int kc = 0; kc < KD / 16; ++kc) {
     uint32_t a[4];
@@ -126,10 +130,15 @@ __device__ __forceinline__ void gemm_atb(float (&acc)[NC][4], const T* sAt, cons
     for (int np = 0; np < NC / 2; ++np) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDB + np * 16 + (lane / 16) * 8);
-      ElemTraits<T>::mma(acc[2 * np], a, b[0], b[1]);
-      ElemTraits<T>::mma(acc[2 * np + 1], a, b[2], b[3]);
+      float(&c)[NC][4] = (kc % 2 == 0) ? acc : acc2;
+      ElemTraits<T>::mma(c[2 * np], a, b[0], b[1]);
+      ElemTraits<T>::mma(c[2 * np + 1], a, b[2], b[3]);
     }
   }
+#pragma unroll
+  for (int i = 0; i < NC; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] += acc2[i][e];
 }
 
 }  // namespace sinkattn::cuda

@@ -53,7 +53,9 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Usage: sinkattn_gpu_bench [reps] [shape-substring] (e.g. `1 mha` to profile one shape's kernels with ncu).
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string only = argc > 2 ? argv[2] : "";
   const Shape shapes[] = {{"gpt-oss-full", 2, 4096, 64, 8, 64, -1, true},
                           {"gpt-oss-sliding", 2, 4096, 64, 8, 64, 127, true},
                           {"mha-d128", 2, 4096, 32, 32, 128, -1, false}};
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
               "bwd det ms");
   std::mt19937 rng(1);
   for (const Shape& sh : shapes) {
+    if (std::string(sh.name).find(only) == std::string::npos) continue;
     const int kSets = 3;
     const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;
     std::vector<void*> q(kSets), k(kSets), v(kSets), dout(kSets);

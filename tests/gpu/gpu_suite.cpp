@@ -528,6 +528,28 @@ void judge_spec5(Ctx& ctx, const char* who, const sinkattn::ref::Result& act, co
                   who, row.name.c_str(), row.err, row.tolerance, row.lowp_err, rr ? max_abs(*rr) : NAN,
                   xx ? max_abs(*xx) : NAN, dv_scale);
     ctx.check(row.pass, buf);
+    if (!row.pass && g_verbose && rr && xx && rr->data.size() == xx->data.size()) {
+      // Where the error is: the worst element's coordinates (row-major over the reference's shape) and values.
+      size_t worst = 0;
+      double wd = -1;
+      for (size_t i = 0; i < rr->data.size(); ++i) {
+        const double d = std::fabs(xx->data[i] - rr->data[i]);
+        if (d > wd || std::isnan(d)) {
+          wd = d;
+          worst = i;
+          if (std::isnan(d)) break;
+        }
+      }
+      std::string coord;
+      size_t rest = worst;
+      for (size_t k = rr->shape.size(); k-- > 0;) {
+        coord = std::to_string(rest % rr->shape[k]) + (coord.empty() ? "" : ",") + coord;
+        rest /= rr->shape[k];
+      }
+      std::snprintf(buf, sizeof buf, "  worst %s element [%s]: %s %.6g, fp64 %.6g", row.name.c_str(), coord.c_str(), who,
+                    xx->data[worst], rr->data[worst]);
+      ctx.notes.push_back(buf);
+    }
   }
 }
 
@@ -1120,6 +1142,52 @@ void rejection_test(Ctx& ctx) {
   f32.dtype = SINKATTN_F32;
   f32.d = f32.d_v = 264;  // fp32 path: head dims up to 256
   expect_reject(f32, "fp32 head dim 264");
+
+  // Batch tensors in device memory are validated too (SPEC 4): their contents are read back with a synchronising
+  // copy (outside CUDA-graph capture). Each case corrupts the device copy after build() and expects a refusal
+  // whose message names the tensor, with the outputs left poisoned.
+  auto expect_bad_batch = [&](Config c, const char* what, const char* name, auto corrupt) {
+    Problem P;
+    P.cfg = c;
+    build(P);
+    corrupt(P);
+    P.out.poison_dev();
+    sinkattn_params_t dp = make_params(P, true, false);
+    const sinkattn_status_t st = sinkattn_forward(&dp);
+    const std::string msg = sinkattn_last_error();
+    std::printf("  reject %-28s -> status %d: %s\n", what, st, msg.c_str());
+    ctx.check(st == SINKATTN_ERR_INVALID_ARGUMENT && msg.find(name) != std::string::npos,
+              std::string("device batch tensor not validated: ") + what + " (" + msg + ")");
+    std::vector<unsigned char> host;
+    P.out.download_to(host);
+    bool poisoned = true;
+    for (unsigned char x : host) poisoned = poisoned && x == 0xFF;
+    ctx.check(poisoned, std::string("outputs written although validation failed: ") + what);
+  };
+  Config vl = c;
+  vl.mode = 2;
+  vl.b = 3;
+  vl.len_q = {4, 6, 6};
+  vl.len_kv = {4, 6, 6};
+  vl.s_q = vl.s_kv = 6;
+  expect_bad_batch(vl, "device cu_seqlens_q 0,6,4,16", "cu_seqlens_q", [](Problem& P) {
+    P.cu_q_t.set_i32(1, 6);
+    P.cu_q_t.set_i32(2, 4);
+    P.cu_q_t.upload();
+  });
+  expect_bad_batch(vl, "device cu_seqlens_kv[0] = 1", "cu_seqlens_kv", [](Problem& P) {
+    P.cu_kv_t.set_i32(0, 1);
+    P.cu_kv_t.upload();
+  });
+  Config pd = c;
+  pd.mode = 1;
+  pd.b = 2;
+  pd.len_q = {16, 9};
+  pd.len_kv = {16, 12};
+  expect_bad_batch(pd, "device seqlens_kv 17 > s_kv", "seqlens_kv", [](Problem& P) {
+    P.lkv_t.set_i32(1, 17);
+    P.lkv_t.upload();
+  });
 }
 
 }  // namespace

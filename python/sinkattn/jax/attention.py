@@ -1,8 +1,9 @@
 """``sinkattn.jax.dot_product_attention``: fused attention with softmax sinks as XLA FFI custom calls.
 
 Forward and backward are one XLA custom call each (typed FFI API, handlers in python/ffi/ffi_handlers.cpp) on the
-CPU and, when the library has its CUDA backend and JAX a GPU, on CUDA (XLA's stream, no host synchronisation or
-allocation inside: CUDA-graph compatible). ``jax.custom_vjp`` connects them, so ``jax.grad`` gives dq, dk, dv,
+CPU and, when the library has its CUDA backend and JAX a GPU, on CUDA (XLA's stream, no allocation inside:
+CUDA-graph compatible; the only host synchronisation is the library's check of varlen / padding length tensors,
+b + 1 int32 read back per call, skipped while XLA captures the call into a CUDA graph). ``jax.custom_vjp`` connects them, so ``jax.grad`` gives dq, dk, dv,
 d_sinks and d_bias; ``jit``, ``vmap`` (sequential over the mapped axis) and ``grad`` compose. The library's scratch
 memory is an extra XLA output sized at trace time by the library's own size query (SPEC.md section 4).
 """
