@@ -171,6 +171,7 @@ CASES = [
     ("learnable", dict(is_causal=True, local_window_size=(13, 0)), "contiguous", 4),
     ("off_by_one", dict(is_causal=True, local_window_size=(127, 0)), "contiguous", 4),
     ("learnable", dict(is_causal=True, local_window_size=(13, 0)), "contiguous", 2),
+    ("learnable", dict(is_causal=True), "zigzag", 2),  # with the case above: what a 2-GPU machine runs
 ]
 
 

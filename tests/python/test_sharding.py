@@ -98,6 +98,18 @@ def test_data_and_tensor_parallel_gqa_window_bias_lse():
     assert "all-reduce" in hlo  # d_sinks (and the batch-broadcast d_bias) summed over the data axis
 
 
+@pytest.mark.parametrize("batch_axis,head_axis", [("data", None), (None, "model")])
+def test_two_devices(batch_axis, head_axis):
+    """Meshes of 2 devices, so that a 2-GPU machine runs sharding over real devices (NCCL) too: data parallel
+    (d_sinks, d_bias all-reduced) or tensor parallel (sinks and bias sharded with the heads)."""
+    mesh = make_mesh((2,), (batch_axis or head_axis,))
+    x, g, g_lse = _case(B=2, T=16, S=20, N=4, K=2, H=32, bias_shape=(2, 4, 16, 20), seed=9)
+    r_plain, r_shard, hlo = _run(mesh, batch_axis, head_axis, x, g, g_lse, softmax_type="learnable", is_causal=True,
+                                 local_window_size=(7, 0))
+    _check(r_plain, r_shard, "learnable")
+    _no_gather(hlo)
+
+
 def test_data_parallel_only_segment_ids_off_by_one():
     mesh = make_mesh((8,), ("data",))
     x, g, g_lse = _case(B=8, T=16, S=16, N=2, K=1, H=32, seed=2)  # (the op refuses bias with segment_ids)
