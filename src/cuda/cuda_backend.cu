@@ -361,6 +361,12 @@ class CudaBackend final : public Backend {
     s += "  kernels: forward; backward = preprocess (D, fused d_sinks) + dK/dV (GQA summed in registers) "
          "[+ d_bias reduce]; deterministic = 0 fuses dq into the dK/dV kernel (fp32 atomics), "
          "deterministic = 1 uses a separate dq kernel (no float atomics)\n";
+#ifdef SINKATTN_CUDA_SM90A
+    s += "  hopper (sm_90a, compute capability 9.0): dK/dV + fused dq on warpgroup MMA (wgmma) for head-dim tiles 64 "
+         "and 128, fp16 / bf16, without bias or dropout, deterministic = 0 (SINKATTN_CUDA_NO_SM90=1 turns it off)\n";
+#else
+    s += "  hopper: not built (CMAKE_CUDA_ARCHITECTURES without 90a)\n";
+#endif
     s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
          "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
          "dropout (Philox, bit-identical to CPU), d_lse\n";

@@ -1,8 +1,11 @@
 // CUDA backend: definitions of the per-tile launchers (included by inst_hd*.cu, one head-dim tile each).
 #pragma once
 
+#include <cstdlib>
+
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/fwd_kernel.cuh"
+#include "cuda/hopper/bwd_dkdv_sm90.cuh"
 #include "cuda/kernels.hpp"
 
 namespace sinkattn::cuda {
@@ -50,12 +53,45 @@ cudaError_t launch_bwd_dq(const Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The Hopper dK dV kernel (hopper/bwd_dkdv_sm90.cuh) runs when the library carries sm_90a code (CMake defines
+// SINKATTN_CUDA_SM90A when CMAKE_CUDA_ARCHITECTURES lists 90a), the device is compute capability 9.0, the tile is
+// 64 or 128, the call has neither bias nor dropout and dQ is fused (deterministic = 0); SINKATTN_CUDA_NO_SM90=1 in
+// the environment turns it off (for comparisons).
+inline bool use_sm90_dkdv(const Params& p, int hd) {
+#ifdef SINKATTN_CUDA_SM90A
+  if ((hd != 64 && hd != 128) || p.bias != nullptr || p.dropout || p.ws_dq == nullptr) return false;
+  static const bool off = std::getenv("SINKATTN_CUDA_NO_SM90") != nullptr;
+  if (off) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+#else
+  (void)p, (void)hd;
+  return false;
+#endif
+}
+
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = DkvTraits<HD>;
   const int nblocks = (p.s_kv + Tr::kBlockN - 1) / Tr::kBlockN;
   if (nblocks == 0 || p.h_kv == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(nblocks, p.h_kv, p.b);
+  if constexpr (HD == 64 || HD == 128) {
+    if (use_sm90_dkdv(p, HD)) {
+      using Tr90 = sm90::DkvSm90Traits<HD>;
+      static_assert(Tr90::kBlockN == Tr::kBlockN, "same grid");
+      cudaError_t e = prepare_smem(sm90::bwd_dkdv_sm90_kernel<T, HD>, Tr90::kSmem);
+      if (e != cudaSuccess) return e;
+      sm90::bwd_dkdv_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
   if (p.bias != nullptr || p.dropout) {
     cudaError_t e = prepare_smem(bwd_dkdv_kernel<T, HD, true>, Tr::kSmem);
     if (e != cudaSuccess) return e;

@@ -1,0 +1,241 @@
+// CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a),
+// for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, with dQ fused (deterministic = 0: fp32
+// atomics into p.ws_dq, as the sm_80 kernel in bwd_kernel.cuh, which runs every other combination).
+// Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
+//   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
+//   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
+//   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order), dQ += dS K (atomics)
+// Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), 64 query rows per step.
+// Per step: S^T and dP^T as two m64n64k16 chains (A = K or V rows of the warpgroup, B = Q or dO, both K-major);
+// the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
+// unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
+// staged in shared memory; dQ (64 x HD) split by columns between the warpgroups, A = dS (MN-major), B = K (MN-major).
+// Q, dO (and LSE2, D) are double-buffered through cp.async.
+#pragma once
+
+#include "cuda/epilogue.cuh"
+#include "cuda/hopper/sm90_common.cuh"
+#include "cuda/hopper/wgmma_ops.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/scheduler.cuh"
+#include "cuda/scores.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+template <int HD>
+struct DkvSm90Traits {
+  static constexpr int kThreads = 256;
+  static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
+  static constexpr int kBlockM = 64;   // query rows per step
+  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all core-matrix layout, 2 bytes); LSE2, D [2][BM] fp32
+  static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4;
+};
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = DkvSm90Traits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8, NQ = HD / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + BN * HD;
+  T* sQ = sV + BN * HD;       // [2][BM * HD]
+  T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD]
+  T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
+  float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
+  const int g = lane >> 2, t = lane & 3;
+  const TileCoord tc = scheduled_tile(false);
+  const int hk = tc.head, n = tc.batch;
+  const SeqInfo sq = seq_info(p, n);
+  const int j0 = tc.block * BN;
+  if (j0 >= sq.rows_kv) return;
+  T* dk = static_cast<T*>(p.dk) + n * p.dk_st.b + (sq.kv_start + j0) * p.dk_st.s + hk * p.dk_st.h;
+  T* dv = static_cast<T*>(p.dv) + n * p.dv_st.b + (sq.kv_start + j0) * p.dv_st.s + hk * p.dv_st.h;
+  const int rows_out = min(BN, sq.rows_kv - j0);
+
+  const Mask mk(p, sq);
+  int q_lo = 0, q_hi = 0;
+  if (j0 < sq.len_kv) mk.query_range(j0, min(j0 + BN, sq.len_kv), q_lo, q_hi);
+  const int qb_lo = q_lo / BM, qb_hi = (q_hi + BM - 1) / BM;
+  const int nq = qb_hi > qb_lo ? qb_hi - qb_lo : 0;
+  const int iters = nq * p.group;
+
+  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
+  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + (sq.kv_start + j0) * p.v_st.s + hk * p.v_st.h;
+  load_tile_cm<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
+  load_tile_cm<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+
+  float pf_l2 = INFINITY, pf_d = 0.f;
+  auto issue = [&](int buf, int ih, int iq) {
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
+    const T* dog =
+        static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
+    load_tile_cm<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+    load_tile_cm<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+    pf_l2 = INFINITY;
+    pf_d = 0.f;
+    if (tid < BM && i0 + tid < sq.len_q) {
+      const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i0 + tid);
+      pf_l2 = p.ws_lse2[wr];
+      pf_d = p.ws_dp[wr];
+    }
+  };
+  auto store_rows = [&](int buf) {
+    if (tid < BM) {
+      sL[buf * BM + tid] = pf_l2;
+      sD[buf * BM + tid] = pf_d;
+    }
+  };
+  if (iters > 0) {
+    issue(0, 0, 0);
+    store_rows(0);
+  }
+  cp_async_commit();
+
+  float acc_dk[NO][4], acc_dv[NO][4];
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
+  const int key_wg = j0 + wg * 64;        // first key of this warpgroup
+  const int key_w = key_wg + wl * 16;     // first key of this warp
+  // Query rows that see some key of this warpgroup: other query blocks are skipped by the warpgroup (exact: its
+  // P = dS = 0 there), which then writes zeros to its rows of sdS.
+  int qg_lo = 0, qg_hi = 0;
+  if (key_wg < sq.len_kv) mk.query_range(key_wg, min(key_wg + 64, sq.len_kv), qg_lo, qg_hi);
+  const T* sK_wg = sK + cm_offset<HD>(wg * 64, 0);
+  const T* sV_wg = sV + cm_offset<HD>(wg * 64, 0);
+
+  int ih = 0, iq = 0;
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    int ih_next = ih, iq_next = iq + 1;
+    if (iq_next == nq) iq_next = 0, ++ih_next;
+    const bool prefetch = it + 1 < iters;
+    if (prefetch) issue(buf ^ 1, ih_next, iq_next);
+    cp_async_commit();
+    const T* q_cur = sQ + buf * BM * HD;
+    const T* do_cur = sdO + buf * BM * HD;
+    const float* l_cur = sL + buf * BM;
+    const float* d_cur = sD + buf * BM;
+
+    if (i0 < qg_hi && i0 + BM > qg_lo) {  // warpgroup-uniform
+      float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = BM queries
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk)
+        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor<HD>(sK_wg, kk), desc_kmajor<HD>(q_cur, kk), kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk)
+        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor<HD>(sV_wg, kk), desc_kmajor<HD>(do_cur, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(s);
+      fence_acc(dpv);
+      fence_acc(acc_dk);
+      fence_acc(acc_dv);
+      const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
+      const bool fold = !need_mask;
+      if (!fold) make_logits<T, NT, true, false>(s, p, mk, need_mask, n, h, key_w, i0, lane);
+      const float sc = fold ? p.scale_log2 : 1.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
+          const float pr = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c]));
+          s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[c]) : 0.f;  // dS^T
+          dpv[nt][e] = pr;                                           // P^T
+        }
+      // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
+      const int r0 = wg * 64 + wl * 16 + g;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = ElemTraits<T>::pack(s[nt][0], s[nt][1]);
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = ElemTraits<T>::pack(s[nt][2], s[nt][3]);
+      }
+      // dV += P^T dO, dK += dS^T Q: A from registers (k-step kc = queries 16 kc .. 16 kc + 15), B read MN-major.
+      uint32_t ap[BM / 16][4], as[BM / 16][4];
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        ap[kc][0] = ElemTraits<T>::pack(dpv[2 * kc][0], dpv[2 * kc][1]);
+        ap[kc][1] = ElemTraits<T>::pack(dpv[2 * kc][2], dpv[2 * kc][3]);
+        ap[kc][2] = ElemTraits<T>::pack(dpv[2 * kc + 1][0], dpv[2 * kc + 1][1]);
+        ap[kc][3] = ElemTraits<T>::pack(dpv[2 * kc + 1][2], dpv[2 * kc + 1][3]);
+        as[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+        as[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+        as[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        as[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor<HD>(do_cur, kc), 1);
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor<HD>(q_cur, kc), 1);
+      wgmma_commit();
+    } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
+      const int r0 = wg * 64 + wl * 16 + g;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = 0u;
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = 0u;
+      }
+    }
+    fence_proxy_async();
+    __syncthreads();
+    // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
+    // Warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product.
+    {
+      constexpr int HN = HD / 2;
+      const int n0 = wg * HN;
+      float accq[HN / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor<BM>(sdS, kk), desc_mnmajor<HD>(sK, kk, n0), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // also retires this step's dV / dK products
+      fence_acc(accq);
+      fence_acc(acc_dk);
+      fence_acc(acc_dv);
+      const int ia = i0 + wl * 16 + g, ib = ia + 8;
+      float* rowa = ia < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d : nullptr;
+      float* rowb = ib < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ib)) * p.d : nullptr;
+#pragma unroll
+      for (int nt = 0; nt < HN / 8; ++nt) {
+        const int col = n0 + nt * 8 + 2 * t;
+        if (n0 + nt * 8 >= p.d) break;
+        if (rowa) atomic_add2(rowa + col, accq[nt][0], accq[nt][1]);
+        if (rowb) atomic_add2(rowb + col, accq[nt][2], accq[nt][3]);
+      }
+    }
+    if (prefetch) store_rows(buf ^ 1);
+    ih = ih_next;
+    iq = iq_next;
+  }
+  cp_async_wait<0>();
+  wgmma_wait<0>();
+  fence_acc(acc_dk);
+  fence_acc(acc_dv);
+  const int rows_valid = rows_out - (wg * 64 + wl * 16);
+  store_fragment<T, NO>(dk + (wg * 64 + wl * 16) * p.dk_st.s, p.dk_st.s, rows_valid, p.d, acc_dk, p.softmax_scale,
+                        p.softmax_scale, lane);
+  store_fragment<T, NO>(dv + (wg * 64 + wl * 16) * p.dv_st.s, p.dv_st.s, rows_valid, p.d_v, acc_dv, 1.f, 1.f, lane);
+  (void)NQ;
+#endif
+}
+
+}  // namespace sinkattn::cuda::sm90

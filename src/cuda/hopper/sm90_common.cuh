@@ -1,0 +1,97 @@
+// CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, and
+// cp.async tile loads into the layout the descriptors describe. PTX ISA, "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts without swizzling.
+//
+// Shared-memory tile layout ("core matrices", no swizzle): a ROWS x COLS tile of 16-bit elements is cut into 8 x 8
+// core matrices of 128 contiguous bytes (row r % 8 of a core matrix = 16 bytes), stored row-block-major:
+//   elem(r, c) at ((r / 8) * (COLS / 8) + c / 8) * 64 + (r % 8) * 8 + c % 8   (elements)
+// The same tile serves as a K-major operand (rows = M or N, cols = K) and as an MN-major one (rows = K, cols =
+// M or N); only the descriptor's byte offsets differ:
+//   K-major:  LBO (next core matrix along K) = 128 B,              SBO (next along M/N) = COLS / 8 * 128 B
+//   MN-major: LBO (next core matrix along K) = COLS / 8 * 128 B,   SBO (next along M/N) = 128 B
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+// Matrix descriptor (no swizzle, base offset 0): bits 0-13 start address >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4.
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = smem_addr(smem);
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32);
+}
+
+// Descriptor of the 16-wide k-step `kk` of a core-matrix tile with COLS columns, used K-major (cols = K).
+template <int COLS, typename T>
+__device__ __forceinline__ uint64_t desc_kmajor(const T* tile, int kk) {
+  return make_desc(tile + kk * 2 * 64, 128, COLS / 8 * 128);
+}
+// Descriptor of the 16-deep k-step `kk` of a core-matrix tile with COLS columns, used MN-major (rows = K), starting
+// at column n0 (a multiple of 8).
+template <int COLS, typename T>
+__device__ __forceinline__ uint64_t desc_mnmajor(const T* tile, int kk, int n0 = 0) {
+  return make_desc(tile + kk * 2 * (COLS / 8) * 64 + (n0 / 8) * 64, COLS / 8 * 128, 128);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async proxy that
+// wgmma reads through; followed by a barrier before the wgmma.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Tensor-core accumulators must not be touched by ordinary instructions while a wgmma on them is in flight; the
+// compiler is told so by passing them through an empty asm after the wait.
+template <int NT>
+__device__ __forceinline__ void fence_acc(float (&a)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(a[i][e])::"memory");
+}
+
+// cp.async copy of a ROWS x COLS tile (row stride `ld` elements) into the core-matrix layout: chunk idx (16 bytes)
+// = (row block, column chunk, row % 8) with row % 8 fastest, so it lands at element 8 * idx (consecutive threads
+// fill one core matrix: no bank conflict). Rows >= rows_valid and columns >= cols_valid are zero-filled unread.
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void load_tile_cm(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
+                                             int tid) {
+  constexpr int kChunks = COLS / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % NTHREADS == 0, "whole passes");
+#pragma unroll
+  for (int k = 0; k < kTotal / NTHREADS; ++k) {
+    const int idx = tid + k * NTHREADS;
+    const int r8 = idx & 7, cc = (idx >> 3) % kChunks, rb = (idx >> 3) / kChunks;
+    const int r = rb * 8 + r8;
+    const bool valid = r < rows_valid && cc * 8 < cols_valid;
+    cp_async16(smem + idx * 8, valid ? gmem + r * ld + cc * 8 : gmem, valid);
+  }
+}
+
+// Element offset of (r, c) in a core-matrix tile with COLS columns.
+template <int COLS>
+__device__ __forceinline__ int cm_offset(int r, int c) {
+  return ((r >> 3) * (COLS / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+}
+
+}  // namespace sinkattn::cuda::sm90
