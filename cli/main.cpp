@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   auto* run_cmd = app.add_subcommand("run", "Replay a call capture file (SPEC.md section 6) and write the results");
   run_cmd->add_option("--inputs", run.inputs, "call capture (safetensors)")->required();
   run_cmd->add_option("--out", run.out, "result file to write (safetensors)")->required();
-  run_cmd->add_option("--backend", run.backend, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  run_cmd->add_option("--backend", run.backend, "auto|cpu|cuda (default auto: the memory of the tensors decides)")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CheckOptions check;
   auto* check_cmd =
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--d-lse", check.d_lse, "preset: also a gradient into softmax_lse");
   check_cmd->add_flag("--deterministic", check.deterministic, "preset: deterministic backward");
   check_cmd->add_option("--save", check.save, "preset: also write the generated call capture(s) here");
-  check_cmd->add_option("--backend", check.backend, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  check_cmd->add_option("--backend", check.backend, "auto|cpu|cuda (default auto: the memory of the tensors decides)")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   BenchOptions bench;
   auto* bench_cmd = app.add_subcommand("bench", "Time forward and backward on a model's attention shape");
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--batch", bench.batch, "batch size (default 1)");
   bench_cmd->add_option("--layer", bench.layer, "full|sliding|both (default: every layer kind)");
   bench_cmd->add_option("--dtype", bench.dtype, "bf16|fp16|fp32 (default bf16)");
-  bench_cmd->add_option("--backend", bench.backend, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  bench_cmd->add_option("--backend", bench.backend, "auto|cpu|cuda (default auto: the memory of the tensors decides)")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   bench_cmd->add_option("--iters", bench.iters, "timed iterations (default 20 on cuda, 2 on cpu)");
   bench_cmd->add_option("--warmup", bench.warmup, "warmup iterations (default 3 on cuda, 1 on cpu)");
   bench_cmd->add_flag("--forward-only", bench.forward_only, "skip the backward");

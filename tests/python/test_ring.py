@@ -239,3 +239,20 @@ def test_ring_errors():
                                         local_window_size=(3, 0), layout="zigzag")
     with pytest.raises(ValueError, match="sinks"):
         ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", softmax_type="learnable")
+
+
+def test_ring_sinks_default_to_learnable():
+    """sinks given without softmax_type: learnable, as in dot_product_attention (never silently dropped)."""
+    B, T, N, K, H = 1, 16, 4, 2, 32
+    mesh = make_mesh((2,), ("cp",))
+    q, k, v, sinks, _, _ = _inputs(B, T, N, K, H, seed=5)
+    q, k, v = (jnp.asarray(x, DT) for x in (q, k, v))
+    sinks = jnp.asarray(sinks, jnp.float32)
+    call = lambda **kw: ring.ring_dot_product_attention(q, k, v, mesh=mesh, seq_axis="cp", sinks=sinks,
+                                                       is_causal=True, return_lse=True, **kw)
+    out_d, lse_d = call()
+    out_l, lse_l = call(softmax_type="learnable")
+    out_v, _ = call(softmax_type="vanilla")
+    assert np.array_equal(np.asarray(out_d, np.float32), np.asarray(out_l, np.float32))
+    assert np.array_equal(np.asarray(lse_d), np.asarray(lse_l))
+    assert not np.array_equal(np.asarray(out_d, np.float32), np.asarray(out_v, np.float32))

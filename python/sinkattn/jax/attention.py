@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
-from .reference import resolve_window, rng_seed_offset_words
+from .reference import resolve_softmax_type, resolve_window, rng_seed_offset_words
 
 __all__ = ["dot_product_attention", "poison_outputs_for_testing"]
 
@@ -403,7 +403,7 @@ def dot_product_attention(
         the batch attends to the r-th key run (masks apply within the run, positions counted from its start).
         Implemented as varlen over the flattened batch with up to ``B*T`` sequences; dropout's ``n`` is the run
         index and ``max_s_q, max_s_kv = T, S``.
-      cu_seqlens_q, cu_seqlens_kv: int32 ``[num_seqs + 1]`` varlen offsets (non-decreasing, from 0); requires
+      cu_seqlens_q, cu_seqlens_kv: int32 ``[num_seqs + 1]`` varlen offsets (non-decreasing, from 0), with optional
         ``max_seqlen_q`` / ``max_seqlen_kv`` (static ints, upper bounds; default: total_q / total_kv).
       dropout_rate: probability p of dropping each ``P_ij`` (never the sink); needs ``dropout_rng`` (a JAX PRNG
         key, traced under jit). Seed and offset are ``rng_seed_offset_words(dropout_rng)``; the keep decision is
@@ -418,8 +418,7 @@ def dot_product_attention(
       by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
     """
     _ffi.library()  # loads the library, registers the FFI targets
-    if softmax_type is None:
-        softmax_type = "learnable" if sinks is not None else "vanilla"
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
     _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
            f"got {softmax_type!r}")
     _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "

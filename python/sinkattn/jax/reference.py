@@ -133,6 +133,14 @@ def _rounding(dtype):
     return rnd
 
 
+def resolve_softmax_type(softmax_type, sinks) -> str:
+    """The softmax type of a call: as given, or (None) "learnable" when sinks are given, else "vanilla". One rule for
+    the op, its reference and ring attention, so that sinks passed without a softmax type are never dropped."""
+    if softmax_type is None:
+        return "learnable" if sinks is not None else "vanilla"
+    return softmax_type
+
+
 def resolve_window(is_causal: bool, local_window_size) -> tuple[int, int]:
     """(window_left, window_right) of SPEC.md section 2 (-1 = unbounded) from jax.nn-style arguments."""
     left, right = -1, -1
@@ -186,8 +194,7 @@ def dot_product_attention(
 ):
     """Reference of ``sinkattn.jax.dot_product_attention`` (see its docstring for the arguments)."""
     del deterministic  # a property of the fused backward only
-    if softmax_type is None:
-        softmax_type = "learnable" if sinks is not None else "vanilla"
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
     window_left, window_right = resolve_window(is_causal, local_window_size)
     varlen = cu_seqlens_q is not None
     q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)

@@ -50,6 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 # shard_map(check_vma=True) typing helpers of the fused op
 from .attention import _union_vma, _vary_to, vma_typing_supported
+from .reference import resolve_softmax_type
 
 __all__ = [
     "ring_dot_product_attention",
@@ -289,13 +290,15 @@ def _make_ring(plan, axis_name):
     return ring
 
 
-def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None, softmax_type="vanilla",
+def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None, softmax_type=None,
                          is_causal=False, local_window_size=None, scale=None, layout="contiguous",
                          return_lse=False, attention_fn=None):
     """Ring attention on the local blocks, to be called inside ``shard_map`` over ``axis_name``.
 
     query [B, T/p, N, H], key/value [B, S/p, K, H(_v)] (this device's blocks, in ``layout`` order), sinks [N]
-    (this device's heads). Returns out [B, T/p, N, H_v] (and lse [B, N, T/p] fp32 including the sink)."""
+    (this device's heads); softmax_type as in ``dot_product_attention`` (default "learnable" when sinks are given,
+    else "vanilla"). Returns out [B, T/p, N, H_v] (and lse [B, N, T/p] fp32 including the sink)."""
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
     if softmax_type not in ("vanilla", "off_by_one", "learnable"):
         raise ValueError(f"softmax_type must be vanilla, off_by_one or learnable, got {softmax_type!r}")
     if softmax_type == "learnable" and sinks is None:
@@ -341,14 +344,16 @@ def _spec_axis(a):
 
 
 def ring_dot_product_attention(query, key, value, *, mesh, seq_axis, batch_axes=None, head_axis=None, sinks=None,
-                               softmax_type="vanilla", is_causal=False, local_window_size=None, scale=None,
+                               softmax_type=None, is_causal=False, local_window_size=None, scale=None,
                                layout="contiguous", return_lse=False, attention_fn=None):
     """Context-parallel attention of global arrays sharded along the sequence over ``mesh`` axis ``seq_axis``.
 
     query [B, T, N, H], key/value [B, S, K, H(_v)] (BTNH, in ``layout`` order: pass ``zigzag_permute``d arrays
     with ``layout="zigzag"``), optionally also sharded over ``batch_axes`` (batch) and ``head_axis`` (heads;
     sinks [N] sharded with them). Returns out [B, T, N, H_v] (and lse [B, N, T] fp32 when return_lse), with
-    the same sharding. Differentiable w.r.t. query, key, value and sinks."""
+    the same sharding. Differentiable w.r.t. query, key, value and sinks. softmax_type as in
+    ``dot_product_attention``: default "learnable" when sinks are given, else "vanilla"."""
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
     if softmax_type == "learnable" and sinks is None:
         raise ValueError("softmax_type='learnable' needs sinks [N] (SPEC.md section 4)")
     if seq_axis not in mesh.shape:
