@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -39,6 +40,8 @@ inline constexpr PhiloxKat kPhiloxKnownAnswers[] = {
      {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
 };
 
+// Element size in bytes. Its own table rather than sinkattn_dtype_size: test_reference links the float64 reference
+// only, never the library it checks.
 inline size_t dtype_size(sinkattn_dtype_t t) {
   switch (t) {
     case SINKATTN_F32: return 4;
@@ -544,6 +547,41 @@ inline std::vector<ref::ErrorRow> check_against_reference(Problem& pb, bool back
   EXPECT_TRUE(all) << pb.cfg.describe() << "\n" << format_table(rows);
   if (std::getenv("SINKATTN_TEST_VERBOSE")) std::printf("%s\n%s", pb.cfg.describe().c_str(), format_table(rows).c_str());
   return rows;
+}
+
+// The differentiable inputs of a problem (q, k, v; sinks when learnable; bias when present) with the gradient of
+// each in `an` (SPEC.md section 3), for the finite-difference tests.
+struct GradInput {
+  const char* name;
+  HostTensor* t;
+  const ref::Array* grad;
+};
+inline std::vector<GradInput> gradient_inputs(Problem& pb, const ref::Result& an) {
+  std::vector<GradInput> in = {{"q", &pb.q, &an.dq}, {"k", &pb.k, &an.dk}, {"v", &pb.v, &an.dv}};
+  if (pb.cfg.softmax_type == SINKATTN_SOFTMAX_LEARNABLE) in.push_back({"sinks", &pb.sinks, &an.d_sinks});
+  if (!pb.cfg.bias.empty()) in.push_back({"bias", &pb.bias, &an.d_bias});
+  return in;
+}
+
+// Central differences (loss(x + h e) - loss(x - h e)) / (step taken) for every element e of `t`; the step is read
+// back from the tensor, since its dtype may round x +- h. `t` is restored afterwards.
+inline std::vector<double> central_differences(HostTensor& t, double h, const std::function<double()>& loss) {
+  const ref::Array x0 = t.read();
+  std::vector<double> fd(x0.data.size());
+  for (size_t e = 0; e < x0.data.size(); ++e) {
+    ref::Array x = x0;
+    x.data[e] = x0.data[e] + h;
+    t.write(x);
+    const double xp = t.read().data[e];
+    const double lp = loss();
+    x.data[e] = x0.data[e] - h;
+    t.write(x);
+    const double xm = t.read().data[e];
+    const double lm = loss();
+    t.write(x0);
+    fd[e] = (lp - lm) / (xp - xm);
+  }
+  return fd;
 }
 
 // Element accessors on float64 arrays of the library's logical layout.

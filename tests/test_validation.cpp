@@ -321,5 +321,15 @@ TEST(Validation2, LastErrorAfterSuccess) {
   EXPECT_STREQ(sinkattn_last_error(), "");
 }
 
+// The element sizes the tests (and the command) size their buffers with come from the library.
+TEST(Validation2, DtypeSizes) {
+  EXPECT_EQ(sinkattn_dtype_size(SINKATTN_F32), 4u);
+  EXPECT_EQ(sinkattn_dtype_size(SINKATTN_F16), 2u);
+  EXPECT_EQ(sinkattn_dtype_size(SINKATTN_BF16), 2u);
+  EXPECT_EQ(sinkattn_dtype_size(SINKATTN_I32), 4u);
+  EXPECT_EQ(sinkattn_dtype_size(SINKATTN_I64), 8u);
+  EXPECT_EQ(sinkattn_dtype_size(static_cast<sinkattn_dtype_t>(99)), 0u);
+}
+
 }  // namespace
 }  // namespace sinkattn::test

@@ -78,7 +78,6 @@ uint16_t f2h(float f) {
   return static_cast<uint16_t>(sign | (e << 10) | m);
 }
 
-size_t esize(sinkattn_dtype_t t) { return t == SINKATTN_F32 || t == SINKATTN_I32 ? 4 : t == SINKATTN_I64 ? 8 : 2; }
 
 // ---------------------------------------------------------------- tensors (host buffer + device mirror)
 struct Buf {
@@ -93,7 +92,7 @@ struct Buf {
     if (dev && !g_cpu_only) cudaFree(dev);
   }
   void alloc(sinkattn_dtype_t dt, std::vector<int64_t> shape, std::vector<int64_t> strides, size_t elems) {
-    bytes = std::max<size_t>(elems, 1) * esize(dt);
+    bytes = std::max<size_t>(elems, 1) * sinkattn_dtype_size(dt);
     host.assign(bytes, 0);
     t.dtype = dt;
     t.rank = static_cast<int32_t>(shape.size());
@@ -216,7 +215,7 @@ struct RowMap {
 
 void fill_random(Buf& b, std::mt19937_64& rng, float scale = 1.f) {
   std::normal_distribution<float> nd(0.f, scale);
-  const size_t n = b.bytes / esize(b.t.dtype);
+  const size_t n = b.bytes / sinkattn_dtype_size(b.t.dtype);
   for (size_t i = 0; i < n; ++i) b.set(i, nd(rng));
 }
 
@@ -313,10 +312,10 @@ void build(Problem& P) {
     if (std::isnan(c.bias_const)) {
       fill_random(P.bias, rng);
       // a few -inf entries: such logits are masked
-      std::uniform_int_distribution<size_t> pick(0, P.bias.bytes / esize(bd) - 1);
+      std::uniform_int_distribution<size_t> pick(0, P.bias.bytes / sinkattn_dtype_size(bd) - 1);
       for (int r = 0; r < 8; ++r) P.bias.set(pick(rng), -INFINITY);
     } else {
-      for (size_t e = 0; e < P.bias.bytes / esize(bd); ++e) P.bias.set(e, c.bias_const);
+      for (size_t e = 0; e < P.bias.bytes / sinkattn_dtype_size(bd); ++e) P.bias.set(e, c.bias_const);
     }
   }
   if (varlen) {
@@ -651,7 +650,8 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference, double work) {
   // ---- CUDA backend: forward with NaN-poisoned outputs (to separate device buffers) ----
   Buf g_out, g_lse;
   g_out.alloc(P.out.t.dtype, std::vector<int64_t>(P.out.t.shape, P.out.t.shape + P.out.t.rank),
-              std::vector<int64_t>(P.out.t.strides, P.out.t.strides + P.out.t.rank), P.out.bytes / esize(P.out.t.dtype));
+              std::vector<int64_t>(P.out.t.strides, P.out.t.strides + P.out.t.rank),
+              P.out.bytes / sinkattn_dtype_size(P.out.t.dtype));
   g_lse.alloc(SINKATTN_F32, std::vector<int64_t>(P.lse.t.shape, P.lse.t.shape + P.lse.t.rank),
               std::vector<int64_t>(P.lse.t.strides, P.lse.t.strides + P.lse.t.rank), P.lse.bytes / 4);
   Buf g_rng;
@@ -735,7 +735,8 @@ bool run_one(Problem& P, Ctx& ctx, bool with_reference, double work) {
     Buf g_dq, g_dk, g_dv, g_ds, g_db;
     auto like = [](Buf& dst, const Buf& src) {
       dst.alloc(src.t.dtype, std::vector<int64_t>(src.t.shape, src.t.shape + src.t.rank),
-                std::vector<int64_t>(src.t.strides, src.t.strides + src.t.rank), src.bytes / esize(src.t.dtype));
+                std::vector<int64_t>(src.t.strides, src.t.strides + src.t.rank),
+                src.bytes / sinkattn_dtype_size(src.t.dtype));
     };
     like(g_dq, P.dq);
     like(g_dk, P.dk);
@@ -1075,7 +1076,7 @@ void dropout_mask_test(Ctx& ctx) {
     }
     build(P);
     // one-hot v: v[n, j, h, c] = (c == j)
-    for (size_t e = 0; e < P.v.bytes / esize(c.dtype); ++e) P.v.set(e, 0.f);
+    for (size_t e = 0; e < P.v.bytes / sinkattn_dtype_size(c.dtype); ++e) P.v.set(e, 0.f);
     for (int n = 0; n < c.b; ++n)
       for (int j = 0; j < (x.varlen ? c.len_kv[n] : c.s_kv); ++j)
         for (int h = 0; h < c.h_kv; ++h) {
