@@ -1,5 +1,7 @@
-# Profiling helper (ncu target): one torch SDPA (FlashAttention-2 backend) forward + backward on the GPT-OSS
-# full-layer shape without sinks (bf16, b 2, s 4096, h_q 64, h_kv 8, d 64, causal), or the MHA shape with `mha`.
+# Profiling helper (ncu target): torch SDPA forward + backward (its fastest backend; on the H200 that is cuDNN's
+# wgmma kernels, not FlashAttention-2) on the GPT-OSS full-layer shape without sinks (bf16, b 2, s 4096, h_q 64,
+# h_kv 8, d 64, causal), or the MHA shape with `mha`. Example:
+#   ncu --clock-control none -k regex:bprop --launch-count 1 python3 tools/prof/torch_sdpa_bwd.py
 import sys
 
 import torch

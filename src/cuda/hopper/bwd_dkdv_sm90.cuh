@@ -35,7 +35,7 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8, NQ = HD / 16;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + BN * HD;
@@ -234,7 +234,6 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
   store_fragment<T, NO>(dk + (wg * 64 + wl * 16) * p.dk_st.s, p.dk_st.s, rows_valid, p.d, acc_dk, p.softmax_scale,
                         p.softmax_scale, lane);
   store_fragment<T, NO>(dv + (wg * 64 + wl * 16) * p.dv_st.s, p.dv_st.s, rows_valid, p.d_v, acc_dv, 1.f, 1.f, lane);
-  (void)NQ;
 #endif
 }
 
