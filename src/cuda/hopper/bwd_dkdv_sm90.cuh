@@ -128,21 +128,25 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
     const float* l_cur = sL + buf * BM;
     const float* d_cur = sD + buf * BM;
 
-    if (i0 < qg_hi && i0 + BM > qg_lo) {  // warpgroup-uniform
+    // One step, as five wgmma commit groups so that register work overlaps the tensor cores:
+    //   S^T | dP^T  -> P^T = exp2(...) while dP^T runs; dV += P^T dO issued before dS^T is formed
+    //   dQ | dK     -> the dQ atomics while dK += dS^T Q runs
+    const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
+    uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
+    const int r0 = wg * 64 + wl * 16 + g;               // this thread's first row of sdS (key)
+    if (active) {
       float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = BM queries
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
         Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor<HD>(sK_wg, kk), desc_kmajor<HD>(q_cur, kk), kk > 0);
+      wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
         Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor<HD>(sV_wg, kk), desc_kmajor<HD>(do_cur, kk), kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // S^T
       fence_acc(s);
-      fence_acc(dpv);
-      fence_acc(acc_dk);
-      fence_acc(acc_dv);
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
       const bool fold = !need_mask;
       if (!fold) make_logits<T, NT, true, false>(s, p, mk, need_mask, n, h, key_w, i0, lane);
@@ -150,43 +154,47 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
-          const float pr = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c]));
-          s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[c]) : 0.f;  // dS^T
-          dpv[nt][e] = pr;                                           // P^T
-        }
-      // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
-      const int r0 = wg * 64 + wl * 16 + g;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = ElemTraits<T>::pack(s[nt][0], s[nt][1]);
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = ElemTraits<T>::pack(s[nt][2], s[nt][3]);
-      }
-      // dV += P^T dO, dK += dS^T Q: A from registers (k-step kc = queries 16 kc .. 16 kc + 15), B read MN-major.
-      uint32_t ap[BM / 16][4], as[BM / 16][4];
+        for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[nt * 8 + 2 * t + (e & 1)]));
+      // dV += P^T dO: A = P^T from registers (k-step kc = queries 16 kc .. 16 kc + 15), B = dO read MN-major.
+      uint32_t ap[BM / 16][4];
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) {
-        ap[kc][0] = ElemTraits<T>::pack(dpv[2 * kc][0], dpv[2 * kc][1]);
-        ap[kc][1] = ElemTraits<T>::pack(dpv[2 * kc][2], dpv[2 * kc][3]);
-        ap[kc][2] = ElemTraits<T>::pack(dpv[2 * kc + 1][0], dpv[2 * kc + 1][1]);
-        ap[kc][3] = ElemTraits<T>::pack(dpv[2 * kc + 1][2], dpv[2 * kc + 1][3]);
-        as[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-        as[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-        as[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        as[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+        ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+        ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
       }
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc)
         Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor<HD>(do_cur, kc), 1);
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor<HD>(q_cur, kc), 1);
       wgmma_commit();
+      wgmma_wait<1>();  // dP^T (dV still running)
+      fence_acc(dpv);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T - D)
+          const float pr = s[nt][e];
+          dpv[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
+        }
+      // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
+        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
+      }
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        as[kc][0] = ElemTraits<T>::pack(dpv[2 * kc][0], dpv[2 * kc][1]);
+        as[kc][1] = ElemTraits<T>::pack(dpv[2 * kc][2], dpv[2 * kc][3]);
+        as[kc][2] = ElemTraits<T>::pack(dpv[2 * kc + 1][0], dpv[2 * kc + 1][1]);
+        as[kc][3] = ElemTraits<T>::pack(dpv[2 * kc + 1][2], dpv[2 * kc + 1][3]);
+      }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
-      const int r0 = wg * 64 + wl * 16 + g;
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
@@ -207,20 +215,28 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p) {
       for (int kk = 0; kk < BN / 16; ++kk)
         Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor<BM>(sdS, kk), desc_mnmajor<HD>(sK, kk, n0), kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // also retires this step's dV / dK products
+      // dK += dS^T Q: A = dS^T from registers, B = Q read MN-major (issued unconditionally, with dS^T = 0 when the
+      // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor<HD>(q_cur, kc), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
-      fence_acc(acc_dk);
-      fence_acc(acc_dv);
-      const int ia = i0 + wl * 16 + g, ib = ia + 8;
-      float* rowa = ia < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d : nullptr;
-      float* rowb = ib < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ib)) * p.d : nullptr;
+      // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
+      const int ia = i0 + wl * 16 + g;
+      const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
+      float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
+      float* pb = pa + 8 * p.d;
 #pragma unroll
       for (int nt = 0; nt < HN / 8; ++nt) {
-        const int col = n0 + nt * 8 + 2 * t;
         if (n0 + nt * 8 >= p.d) break;
-        if (rowa) atomic_add2(rowa + col, accq[nt][0], accq[nt][1]);
-        if (rowb) atomic_add2(rowb + col, accq[nt][2], accq[nt][3]);
+        if (va) atomic_add2(pa + nt * 8, accq[nt][0], accq[nt][1]);
+        if (vb) atomic_add2(pb + nt * 8, accq[nt][2], accq[nt][3]);
       }
+      wgmma_wait<0>();  // dK: as[] and the Q buffer are free again
+      fence_acc(acc_dk);
+      fence_acc(acc_dv);
     }
     if (prefetch) store_rows(buf ^ 1);
     ih = ih_next;
