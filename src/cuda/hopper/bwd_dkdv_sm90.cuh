@@ -11,6 +11,9 @@
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
 // staged in shared memory; dQ (64 x HD) split by columns between the warpgroups, A = dS (MN-major), B = K (MN-major).
 // Q, dO (and LSE2, D) are double-buffered through cp.async.
+// Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
+//   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
+//   dQ, dK issued | wait dQ (dK still running): dQ atomics | wait dK.
 #pragma once
 
 #include "cuda/epilogue.cuh"
