@@ -88,6 +88,76 @@ __device__ __forceinline__ void load_tile_cm(T* smem, const T* gmem, int64_t ld,
   }
 }
 
+// ---- Column-chunk-major tiles (Q and dO of the dK dV kernel): the 8-column chunk c of a ROWS x COLS tile is
+// ROWS * 16 contiguous bytes (row r at 16 r), chunks one after another:
+//   elem(r, c) at ((c / 8) * ROWS + r) * 8 + c % 8   (elements)
+// which is what one TMA box of 8 columns x ROWS rows writes. Descriptors (LBO / SBO as above):
+//   K-major (rows = M or N, cols = K):  LBO = ROWS * 16 B (next chunk),  SBO = 128 B (next 8 rows)
+//   MN-major (rows = K, cols = M or N): LBO = 128 B (next 8 rows),     SBO = ROWS * 16 B (next chunk)
+template <int ROWS, typename T>
+__device__ __forceinline__ uint64_t desc_kmajor_cc(const T* tile, int kk) {
+  return make_desc(tile + kk * 2 * ROWS * 8, ROWS * 16, 128);
+}
+template <int ROWS, typename T>
+__device__ __forceinline__ uint64_t desc_mnmajor_cc(const T* tile, int kk, int n0 = 0) {
+  return make_desc(tile + kk * 16 * 8 + (n0 / 8) * ROWS * 8, 128, ROWS * 16);
+}
+
+// cp.async copy of a ROWS x COLS tile into the column-chunk-major layout (chunk idx = (column chunk, row) with the
+// row fastest, landing at element 8 * idx); rows >= rows_valid and columns >= cols_valid are zero-filled unread.
+template <int ROWS, int COLS, int NTHREADS, typename T>
+__device__ __forceinline__ void load_tile_cc(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
+                                             int tid) {
+  constexpr int kTotal = ROWS * COLS / 8;
+  static_assert(kTotal % NTHREADS == 0 && (ROWS & (ROWS - 1)) == 0, "whole passes, power-of-two rows");
+#pragma unroll
+  for (int k = 0; k < kTotal / NTHREADS; ++k) {
+    const int idx = tid + k * NTHREADS;
+    const int r = idx % ROWS, cc = idx / ROWS;
+    const bool valid = r < rows_valid && cc * 8 < cols_valid;
+    cp_async16(smem + idx * 8, valid ? gmem + r * ld + cc * 8 : gmem, valid);
+  }
+}
+
+// ---- mbarrier and TMA (cp.async.bulk.tensor) ----
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Waits until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// TMA load of one box of a 4-d tensor map (coordinates innermost first) into shared memory; completion is
+// counted in bytes on `bar`. `tmap` is the address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+#endif
+}
+
 // Element offset of (r, c) in a core-matrix tile with COLS columns.
 template <int COLS>
 __device__ __forceinline__ int cm_offset(int r, int c) {
