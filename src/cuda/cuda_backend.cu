@@ -362,8 +362,9 @@ class CudaBackend final : public Backend {
          "[+ d_bias reduce]; deterministic = 0 fuses dq into the dK/dV kernel (fp32 atomics), "
          "deterministic = 1 uses a separate dq kernel (no float atomics)\n";
 #ifdef SINKATTN_CUDA_SM90A
-    s += "  hopper (sm_90a, compute capability 9.0): dK/dV + fused dq on warpgroup MMA (wgmma) for head-dim tiles 64 "
-         "and 128, fp16 / bf16, without bias or dropout, deterministic = 0 (SINKATTN_CUDA_NO_SM90=1 turns it off)\n";
+    s += "  hopper (sm_90a, compute capability 9.0): dK/dV + fused dq on warpgroup MMA (wgmma), q / d_out tiles by "
+         "TMA, for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, deterministic = 0 "
+         "(SINKATTN_CUDA_NO_SM90=1 turns it off; SINKATTN_CUDA_NO_TMA=1 loads every tile through cp.async)\n";
 #else
     s += "  hopper: not built (CMAKE_CUDA_ARCHITECTURES without 90a)\n";
 #endif
