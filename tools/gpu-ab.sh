@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A/B timing of several builds of the library in one device call (same GPU, alternating runs, so that clock and
+# thermal drift hit every variant alike). Two steps:
+#   here:   tools/gpu-ab.sh pack NAME [BUILD_DIR]   copies BUILD_DIR/libsinkattn.so.0.1.0 (default build-cuda) to
+#           $AB_DIR/NAME.so.xz (default build-ab; a library is ~27 MB, ~3.4 MB compressed, so several fit in a carry),
+#           and the GPU bench binary beside them once.
+#   device: tools/gpu-ab.sh run [REPS] [ROUNDS] [SHAPE]   (carry $AB_DIR) unpacks every NAME.so.xz and runs
+#           `sinkattn_gpu_bench REPS [SHAPE]` against each library in turn, ROUNDS times (defaults 20, 2, all shapes),
+#           printing "== NAME round" before each table. Library-level switches (SINKATTN_CUDA_NO_SM90=1,
+#           SINKATTN_CUDA_NO_TMA=1) can be compared with VARIANT_ENV="NAME:VAR=1 ..." (a variant NAME that reuses the
+#           first library with that environment).
+set -euo pipefail
+shopt -s nullglob
+cd "$(dirname "$0")/.."
+AB_DIR=$(realpath -m "${AB_DIR:-build-ab}")
+cmd=${1:-}
+case "$cmd" in
+  pack)
+    name=${2:?name}
+    build=${3:-build-cuda}
+    mkdir -p "$AB_DIR"
+    xz -T0 -6 -c "$build/libsinkattn.so.0.1.0" >"$AB_DIR/$name.so.xz"
+    cp "$build/tests/gpu/sinkattn_gpu_bench" "$AB_DIR/sinkattn_gpu_bench"
+    ls -la "$AB_DIR"
+    ;;
+  run)
+    reps=${2:-20}
+    rounds=${3:-2}
+    shape=${4:-}
+    bench=${BENCH:-$AB_DIR/sinkattn_gpu_bench}
+    names=()
+    for f in "$AB_DIR"/*.so.xz; do
+      name=$(basename "$f" .so.xz)
+      mkdir -p "$AB_DIR/$name"
+      python3 -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
+        "$f" "$AB_DIR/$name/libsinkattn.so.0"
+      names+=("$name")
+    done
+    [ ${#names[@]} -gt 0 ] || { echo "no $AB_DIR/*.so.xz: run 'tools/gpu-ab.sh pack NAME' first" >&2; exit 2; }
+    declare -A envs=()
+    for spec in ${VARIANT_ENV:-}; do
+      envs[${spec%%:*}]=${spec#*:}
+      names+=("${spec%%:*}")
+    done
+    for ((round = 1; round <= rounds; round++)); do
+      for name in "${names[@]}"; do
+        lib=$AB_DIR/$name
+        [ -d "$lib" ] || lib=$AB_DIR/${names[0]}
+        echo "== $name $round"
+        env ${envs[$name]:-} LD_LIBRARY_PATH="$lib" timeout 120 "$bench" "$reps" $shape | tail -n +3
+      done
+    done
+    ;;
+  *)
+    sed -n '2,12p' "$0"
+    exit 2
+    ;;
+esac
