@@ -166,6 +166,7 @@ Params make_params(const Call& c, const Workspace& w) {
   k.d = static_cast<int>(c.d);
   k.d_v = static_cast<int>(c.d_v);
   k.rows_total_q = w.rows_total_q;
+  k.rows_total_kv = c.plan.varlen ? c.total_kv : c.b * c.s_kv;
   k.softmax_type = c.softmax_type;
   k.softmax_scale = c.softmax_scale;
   k.scale_log2 = c.softmax_scale * 1.4426950408889634f;  // log2(e)
@@ -362,8 +363,9 @@ class CudaBackend final : public Backend {
          "[+ d_bias reduce]; deterministic = 0 fuses dq into the dK/dV kernel (fp32 atomics), "
          "deterministic = 1 uses a separate dq kernel (no float atomics)\n";
 #ifdef SINKATTN_CUDA_SM90A
-    s += "  hopper (sm_90a, compute capability 9.0): dK/dV + fused dq on warpgroup MMA (wgmma), q / d_out tiles by "
-         "TMA, for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, deterministic = 0 "
+    s += "  hopper (sm_90a, compute capability 9.0): forward and dK/dV + fused dq on warpgroup MMA (wgmma), tiles by "
+         "TMA, for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout (forward: not for windows spanning "
+         "fewer than 512 keys per 128 query rows; dK/dV: deterministic = 0) "
          "(SINKATTN_CUDA_NO_SM90=1 turns it off; SINKATTN_CUDA_NO_TMA=1 loads every tile through cp.async)\n";
 #else
     s += "  hopper: not built (CMAKE_CUDA_ARCHITECTURES without 90a)\n";

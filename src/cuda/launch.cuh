@@ -10,6 +10,7 @@
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/hopper/bwd_dkdv_sm90.cuh"
+#include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/kernels.hpp"
 
 namespace sinkattn::cuda {
@@ -20,12 +21,103 @@ inline cudaError_t prepare_smem(Kernel kernel, int smem) {
   return cudaSuccess;
 }
 
+// The Hopper kernels (hopper/fwd_sm90.cuh, hopper/bwd_dkdv_sm90.cuh) run when the library carries sm_90a code
+// (CMake defines SINKATTN_CUDA_SM90A when CMAKE_CUDA_ARCHITECTURES lists 90a), the device is compute capability
+// 9.0, the tile is 64 or 128 and the call has neither bias nor dropout; the dK dV kernel also needs dQ fused
+// (deterministic = 0). SINKATTN_CUDA_NO_SM90=1 in the environment turns both off (for comparisons).
+inline bool use_sm90(const Params& p, int hd) {
+#ifdef SINKATTN_CUDA_SM90A
+  if ((hd != 64 && hd != 128) || p.bias != nullptr || p.dropout) return false;
+  static const bool off = std::getenv("SINKATTN_CUDA_NO_SM90") != nullptr;
+  if (off) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+#else
+  (void)p, (void)hd;
+  return false;
+#endif
+}
+
+// Tensor map of a q / k / v-like tensor for the Hopper kernels' TMA loads: 4-d (cols, rows, heads, nb) of 16-bit
+// elements with the row / head / batch strides of `st`, box 64 x box_rows x 1 x 1 with 128-byte swizzle (the
+// row-panel layout of sm90_common.cuh), out-of-bounds elements read as zeros; dense: rows = the per-batch extent,
+// nb = b; varlen: rows = the packed total, nb = 1. The driver's encoder is looked up once through the runtime (no
+// link against libcuda). Returns false where a map cannot be made (encoder missing, a stride of 0, or the driver
+// refusing the description); the kernels then load through cp.async. SINKATTN_CUDA_NO_TMA=1 in the environment
+// does the same (for comparisons).
+template <typename T>
+inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t rows, int heads, int64_t nb,
+                          const RowStrides3& st, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
+    if (std::getenv("SINKATTN_CUDA_NO_TMA") != nullptr) return nullptr;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult res{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &res) !=
+            cudaSuccess ||
+        res != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType dt =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const int64_t sb = nb > 1 ? st.b : st.s;  // the batch stride only matters when there are several batches
+  if (st.s <= 0 || st.h <= 0 || sb <= 0) return false;
+  // Descriptions the encoder may refuse are not passed to it (a refused call is a CUDA error that compute-sanitizer
+  // reports): a base address or a stride in bytes that is not a multiple of 16 (the encoder's documented
+  // requirements), and a box larger than the tensor (fewer rows than one block, a head dim below 64: seen on the
+  // H200, CUDA_ERROR_INVALID_VALUE for a varlen call of 11 rows in all with 128-row boxes); such calls load
+  // through cp.async (with fewer rows than a block, every block is partial anyway).
+  const auto mis16 = [](int64_t bytes) { return bytes % 16 != 0; };
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || mis16(st.s * int64_t{sizeof(T)}) ||
+      mis16(st.h * int64_t{sizeof(T)}) || mis16(sb * int64_t{sizeof(T)}) || rows < box_rows || cols < 64)
+    return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(nb)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st.s) * sizeof(T), static_cast<cuuint64_t>(st.h) * sizeof(T),
+                                 static_cast<cuuint64_t>(sb) * sizeof(T)};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  return encode(&map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename T, int HD>
 cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
   using Tr = FwdTraits<HD>;
   const int mblocks = (p.s_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (mblocks == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(mblocks, p.h_q, p.b);
+  if constexpr (HD == 64 || HD == 128) {
+    // A window that leaves each block of 128 query rows fewer than 512 keys (128 + window_left + window_right)
+    // stays on the sm_80 kernel: the Hopper kernel, one or two blocks per SM, then spends much of a block in its
+    // pipeline's prologue (H200, GPT-OSS sliding layer, window 127: 0.166 ms sm_80 vs 0.187 ms Hopper).
+    const bool short_window =
+        p.window_left >= 0 && p.window_right >= 0 && int64_t{Tr::kBlockM} + p.window_left + p.window_right < 512;
+    if (!short_window && use_sm90(p, HD)) {
+      using Tr90 = sm90::FwdSm90Traits<HD>;
+      static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");
+      cudaError_t e = prepare_smem(sm90::fwd_sm90_kernel<T, HD>, Tr90::kSmem);
+      if (e != cudaSuccess) return e;
+      sm90::Sm90FwdTma tma{};
+      const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
+      const int64_t nb = p.varlen ? 1 : p.b;
+      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
+               make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, Tr90::kBlockN) &&
+               make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, Tr90::kBlockN);
+      sm90::fwd_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+      return cudaGetLastError();
+    }
+  }
   if (p.bias != nullptr || p.dropout) {  // bias / dropout variant: at most 2 blocks per SM (fewer spills)
     constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
     cudaError_t e = prepare_smem(fwd_kernel<T, HD, true, kMinB>, Tr::kSmem);
@@ -57,67 +149,6 @@ cudaError_t launch_bwd_dq(const Params& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The Hopper dK dV kernel (hopper/bwd_dkdv_sm90.cuh) runs when the library carries sm_90a code (CMake defines
-// SINKATTN_CUDA_SM90A when CMAKE_CUDA_ARCHITECTURES lists 90a), the device is compute capability 9.0, the tile is
-// 64 or 128, the call has neither bias nor dropout and dQ is fused (deterministic = 0); SINKATTN_CUDA_NO_SM90=1 in
-// the environment turns it off (for comparisons).
-inline bool use_sm90_dkdv(const Params& p, int hd) {
-#ifdef SINKATTN_CUDA_SM90A
-  if ((hd != 64 && hd != 128) || p.bias != nullptr || p.dropout || p.ws_dq == nullptr) return false;
-  static const bool off = std::getenv("SINKATTN_CUDA_NO_SM90") != nullptr;
-  if (off) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
-#else
-  (void)p, (void)hd;
-  return false;
-#endif
-}
-
-// Tensor maps for the Hopper kernel's TMA loads of q and d_out (bwd_dkdv_sm90.cuh, Sm90Tma): 4-d (d, rows, h_q, b),
-// box 8 x 64 x 1 x 1, out-of-bounds elements read as zeros. The driver's encoder is looked up once through the
-// runtime (no link against libcuda). Returns false, leaving the kernel on cp.async loads, where a map cannot be
-// made (encoder missing, a stride of 0, or the driver refusing the description); SINKATTN_CUDA_NO_TMA=1 in the
-// environment does the same (for comparisons).
-template <typename T>
-inline bool make_sm90_tma(const Params& p, sm90::Sm90Tma& tma) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-    if (std::getenv("SINKATTN_CUDA_NO_TMA") != nullptr) return nullptr;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult res{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &res) !=
-            cudaSuccess ||
-        res != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return false;
-  const CUtensorMapDataType dt =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  auto one = [&](CUtensorMap& map, const void* ptr, int cols, const RowStrides3& st) {
-    const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
-    const int64_t sb = nb > 1 ? st.b : st.s;  // the batch stride only matters when there are several batches
-    if (st.s <= 0 || st.h <= 0 || sb <= 0) return false;
-    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
-                                static_cast<cuuint64_t>(p.h_q), static_cast<cuuint64_t>(nb)};
-    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st.s) * sizeof(T), static_cast<cuuint64_t>(st.h) * sizeof(T),
-                                   static_cast<cuuint64_t>(sb) * sizeof(T)};
-    const cuuint32_t box[4] = {8, 64, 1, 1}, elem[4] = {1, 1, 1, 1};
-    return encode(&map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  };
-  return one(tma.q, p.q, p.d, p.q_st) && one(tma.d_out, p.d_out, p.d_v, p.dout_st);
-}
-
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, cudaStream_t stream) {
   using Tr = DkvTraits<HD>;
@@ -125,13 +156,15 @@ cudaError_t launch_bwd_dkdv(const Params& p, cudaStream_t stream) {
   if (nblocks == 0 || p.h_kv == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(nblocks, p.h_kv, p.b);
   if constexpr (HD == 64 || HD == 128) {
-    if (use_sm90_dkdv(p, HD)) {
+    if (p.ws_dq != nullptr && use_sm90(p, HD)) {
       using Tr90 = sm90::DkvSm90Traits<HD>;
       static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
       cudaError_t e = prepare_smem(sm90::bwd_dkdv_sm90_kernel<T, HD>, Tr90::kSmem);
       if (e != cudaSuccess) return e;
       sm90::Sm90Tma tma{};
-      tma.ok = make_sm90_tma<T>(p, tma) ? 1 : 0;
+      const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
+      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
+               make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
       sm90::bwd_dkdv_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
       return cudaGetLastError();
     }

@@ -48,6 +48,7 @@ struct Params {
   // ---- sizes ----
   int b, s_q, s_kv, h_q, h_kv, group, d, d_v;  // s_q / s_kv: dense extents or varlen max_seqlen
   int64_t rows_total_q;                        // rows of the per-row workspace arrays (b * s_q or total_q)
+  int64_t rows_total_kv;                       // rows of k / v: b * s_kv (dense) or total_kv (varlen)
 
   // ---- options ----
   int softmax_type;  // sinkattn_softmax_type_t

@@ -10,11 +10,11 @@
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
 // staged in shared memory; dQ (64 x HD) split by columns between the warpgroups, A = dS (MN-major), B = K (MN-major).
-// Q, dO are double-buffered in a column-chunk-major layout (sm90_common.cuh): a query block with all 64 rows valid
-// is loaded by TMA (2 * HD / 8 boxes of 8 columns x 64 rows, one thread, completion on an mbarrier per buffer) when
-// the launcher could describe q and d_out as tensor maps (Sm90Tma::ok); other blocks (the last, partial block of a
-// sequence: TMA would read the next sequence's or padding rows instead of zeros) through cp.async. LSE2, D: loads
-// to registers, stored to shared memory one step later.
+// Q, dO are double-buffered in the 128-byte-swizzled row-panel layout (sm90_common.cuh): a query block with all
+// 64 rows valid is loaded by TMA (2 * HD / 64 boxes of 64 columns x 64 rows, one thread, completion on an mbarrier
+// per buffer) when the launcher could describe q and d_out as tensor maps (Sm90Tma::ok); other blocks (the last,
+// partial block of a sequence: TMA would read the next sequence's or padding rows instead of zeros) through
+// cp.async. LSE2, D: loads to registers, stored to shared memory one step later.
 // Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ atomics | wait dK.
@@ -32,8 +32,8 @@
 namespace sinkattn::cuda::sm90 {
 
 // Tensor maps of q and d_out for the kernel's TMA loads (built by the launcher, launch.cuh): 4-d (d, rows, h_q, b)
-// of 16-bit elements, box 8 x 64 x 1 x 1; dense: rows = s_q, b = p.b; varlen: rows = total rows, b = 1. ok = 0: none
-// (the kernel then loads every block through cp.async).
+// of 16-bit elements, box 64 x 64 x 1 x 1, 128-byte swizzle; dense: rows = s_q, b = p.b; varlen: rows = total
+// rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
 struct Sm90Tma {
   CUtensorMap q, d_out;
   int ok;
@@ -44,9 +44,11 @@ struct DkvSm90Traits {
   static constexpr int kThreads = 256;
   static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = 64;   // query rows per step
-  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all core-matrix layout, 2 bytes); LSE2, D [2][BM] fp32
-  // + 2 mbarriers (8 bytes each) for the TMA loads of the two buffers
-  static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 16;
+  // sK, sV [BN][HD] (core-matrix layout); sQ, sdO [2][BM][HD] (128-byte-swizzled row panels); sdS [BN][BM]
+  // (core-matrix layout), 2 bytes each; LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA loads of the
+  // two buffers; room to align the base to 1024 bytes (the swizzled tiles)
+  static constexpr int kSmem =
+      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 16 + 1024;
 };
 
 template <typename T, int HD>
@@ -54,11 +56,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   T* sV = sK + BN * HD;
-  T* sQ = sV + BN * HD;       // [2][BM * HD], column-chunk-major
-  T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], column-chunk-major
+  T* sQ = sV + BN * HD;       // [2][BM * HD], swizzled row panels (1024-byte aligned: BN * HD * 2 bytes per tile)
+  T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
   T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
   float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
@@ -107,17 +109,17 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
-        for (int c = 0; c < HD / 8; ++c) {
-          tma_load_4d(sQ + buf * BM * HD + c * BM * 8, &tma.q, c * 8, row, h, nb, &bars[buf]);
-          tma_load_4d(sdO + buf * BM * HD + c * BM * 8, &tma.d_out, c * 8, row, h, nb, &bars[buf]);
+        for (int c = 0; c < HD / 64; ++c) {
+          tma_load_4d(sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
+          tma_load_4d(sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
         }
       }
     } else {
       const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
       const T* dog =
           static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
-      load_tile_cc<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_cc<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     }
     pf_l2 = INFINITY;
     pf_d = 0.f;
@@ -184,11 +186,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor<HD>(sK_wg, kk), desc_kmajor_cc<BM>(q_cur, kk), kk > 0);
+        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor<HD>(sK_wg, kk), desc_kmajor_sw<BM>(q_cur, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor<HD>(sV_wg, kk), desc_kmajor_cc<BM>(do_cur, kk), kk > 0);
+        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor<HD>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<1>();  // S^T
       fence_acc(s);
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_cc<BM>(do_cur, kc), 1);
+        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
       wgmma_commit();
       wgmma_wait<1>();  // dP^T (dV still running)
       fence_acc(dpv);
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_cc<BM>(q_cur, kc), 1);
+        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
       wgmma_commit();
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);

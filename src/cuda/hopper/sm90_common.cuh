@@ -1,6 +1,8 @@
 // CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, and
 // cp.async tile loads into the layout the descriptors describe. PTX ISA, "Asynchronous Warpgroup Level Matrix
-// Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts without swizzling.
+// Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts. Two layouts: the core-matrix
+// layout below (no swizzle; K, V, dS of the dK dV kernel) and the 128-byte-swizzled row panels further down (the
+// tiles TMA loads).
 //
 // Shared-memory tile layout ("core matrices", no swizzle): a ROWS x COLS tile of 16-bit elements is cut into 8 x 8
 // core matrices of 128 contiguous bytes (row r % 8 of a core matrix = 16 bytes), stored row-block-major:
@@ -88,34 +90,47 @@ __device__ __forceinline__ void load_tile_cm(T* smem, const T* gmem, int64_t ld,
   }
 }
 
-// ---- Column-chunk-major tiles (Q and dO of the dK dV kernel): the 8-column chunk c of a ROWS x COLS tile is
-// ROWS * 16 contiguous bytes (row r at 16 r), chunks one after another:
-//   elem(r, c) at ((c / 8) * ROWS + r) * 8 + c % 8   (elements)
-// which is what one TMA box of 8 columns x ROWS rows writes. Descriptors (LBO / SBO as above):
-//   K-major (rows = M or N, cols = K):  LBO = ROWS * 16 B (next chunk),  SBO = 128 B (next 8 rows)
-//   MN-major (rows = K, cols = M or N): LBO = 128 B (next 8 rows),     SBO = ROWS * 16 B (next chunk)
-template <int ROWS, typename T>
-__device__ __forceinline__ uint64_t desc_kmajor_cc(const T* tile, int kk) {
-  return make_desc(tile + kk * 2 * ROWS * 8, ROWS * 16, 128);
+// ---- 128-byte-swizzled row panels (Q, K, V of the forward; Q, dO of the dK dV kernel): a ROWS x COLS tile of
+// 16-bit elements is cut into COLS / 64 panels of ROWS rows x 128 bytes, one after another; in every row the
+// 16-byte chunk j is stored at chunk position j ^ (row % 8):
+//   elem(r, c) at byte (c / 64) * ROWS * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2
+// which is what one TMA box of 64 columns x ROWS rows with CU_TENSOR_MAP_SWIZZLE_128B writes (each global row
+// read as 128-byte pieces; boxes of 8 columns into the no-swizzle layout, tried first, read 16-byte pieces and
+// doubled the L2 traffic). The tile base must be 1024-byte
+// aligned (the swizzle repeats every 8 rows = 1024 bytes). PTX ISA, "Shared Memory Matrix Layout", 128B swizzling:
+//   K-major (rows = M or N, cols = K): SBO = 1024 B (next 8 rows), LBO unused; the 16-wide k-step kk starts
+//     kk % 4 * 32 bytes into its panel's rows (the hardware applies the XOR to the address);
+//   MN-major (rows = K, cols = M or N): SBO = 1024 B (next 8 rows along K), LBO = ROWS * 128 B (next 64 columns
+//     along M / N); the 16-deep k-step kk starts at row 16 kk.
+__device__ __forceinline__ uint64_t make_desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return make_desc(smem, lbo_bytes, sbo_bytes) | (1ull << 62);
 }
 template <int ROWS, typename T>
-__device__ __forceinline__ uint64_t desc_mnmajor_cc(const T* tile, int kk, int n0 = 0) {
-  return make_desc(tile + kk * 16 * 8 + (n0 / 8) * ROWS * 8, 128, ROWS * 16);
+__device__ __forceinline__ uint64_t desc_kmajor_sw(const T* tile, int kk) {
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(tile);
+  return make_desc_sw128(b + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
 }
-
-// cp.async copy of a ROWS x COLS tile into the column-chunk-major layout (chunk idx = (column chunk, row) with the
-// row fastest, landing at element 8 * idx); rows >= rows_valid and columns >= cols_valid are zero-filled unread.
+template <int ROWS, typename T>
+__device__ __forceinline__ uint64_t desc_mnmajor_sw(const T* tile, int kk) {
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(tile);
+  return make_desc_sw128(b + kk * 16 * 128, ROWS * 128, 1024);
+}
+// cp.async copy of a ROWS x COLS tile (row stride `ld` elements) into the swizzled row-panel layout: consecutive
+// threads read consecutive 16-byte chunks of a row; rows >= rows_valid and columns >= cols_valid are zero-filled
+// unread.
 template <int ROWS, int COLS, int NTHREADS, typename T>
-__device__ __forceinline__ void load_tile_cc(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
+__device__ __forceinline__ void load_tile_sw(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
                                              int tid) {
-  constexpr int kTotal = ROWS * COLS / 8;
-  static_assert(kTotal % NTHREADS == 0 && (ROWS & (ROWS - 1)) == 0, "whole passes, power-of-two rows");
+  constexpr int kChunks = COLS / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % NTHREADS == 0 && COLS % 64 == 0, "whole passes, whole panels");
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem);
 #pragma unroll
   for (int k = 0; k < kTotal / NTHREADS; ++k) {
     const int idx = tid + k * NTHREADS;
-    const int r = idx % ROWS, cc = idx / ROWS;
+    const int r = idx / kChunks, cc = idx % kChunks;
     const bool valid = r < rows_valid && cc * 8 < cols_valid;
-    cp_async16(smem + idx * 8, valid ? gmem + r * ld + cc * 8 : gmem, valid);
+    cp_async16(base + (cc / 8) * ROWS * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16),
+               valid ? gmem + r * ld + cc * 8 : gmem, valid);
   }
 }
 

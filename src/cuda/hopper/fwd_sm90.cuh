@@ -1,0 +1,285 @@
+// CUDA backend, Hopper: the forward kernel (SPEC.md section 2) on warpgroup MMA (wgmma, sm_90a), for head-dim tiles
+// 64 and 128, fp16 / bf16, without bias or dropout (fwd_kernel.cuh runs every other combination).
+// Same math, mask, sink and epilogue as fwd_kernel (online softmax with the sink as an already-seen key,
+// softmax.cuh: the wgmma accumulator of a warp is the mma.sync C layout, so OnlineSoftmax / make_logits /
+// store_fragment work unchanged):
+//   S = Q K^T (per key block of BN = 64 or 128 keys), m_new = max(m, rowmax(S) * scale * log2(e)),
+//   P = exp2(S * c - m_new), l = l * alpha + rowsum(P), O = O * alpha + P V; out = O / l, LSE = (m + log2 l) ln 2.
+// Block: 2 warpgroups x 64 query rows (the sm_80 grid: 128 query rows per block). Per key block: S as an
+// m64nBNk16 chain (A = Q, B = K, both K-major from shared memory); softmax in registers; O += P V as an m64nHDk16
+// chain with A = P from registers and B = V read MN-major, software-pipelined: S of block j is issued together
+// with P V of block j - 1 and its softmax runs while the tensor cores compute P V. Q once, K and V double-buffered
+// (K one block ahead of V), all three in the 128-byte-swizzled row-panel layout (sm90_common.cuh): by TMA (one
+// thread, an mbarrier per buffer; rows read as 128-byte pieces: the 16-byte pieces of the column-chunk layout
+// doubled the L2 traffic) for blocks whose rows all lie in the sequence, else by cp.async (rows past the end
+// zero-filled).
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/epilogue.cuh"
+#include "cuda/hopper/sm90_common.cuh"
+#include "cuda/hopper/wgmma_ops.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/scheduler.cuh"
+#include "cuda/scores.cuh"
+#include "cuda/softmax.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+// Tensor maps of q, k, v for the forward's TMA loads (launch.cuh): 4-d (d, rows, heads, b) of 16-bit elements,
+// box 64 x 128, 128-byte swizzle; ok = 0: none (every tile through cp.async).
+struct Sm90FwdTma {
+  CUtensorMap q, k, v;
+  int ok;
+};
+
+template <int HD>
+struct FwdSm90Traits {
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kBlockM = 128;   // query rows per block (64 per warpgroup)
+  // Keys per step. Head dim 64: 64 keys and two blocks per SM (S, P and O in <= 128 registers), so that one
+  // block's softmax runs while the other's wgmmas do (at 128 keys and one block per SM the two warpgroups, in
+  // lock step, left the tensor cores idle during the softmax: 272 TFLOP/s on the GPT-OSS layer, below the sm_80
+  // kernel). Head dim 128: 128 keys, one block per SM.
+  static constexpr int kBlockN = HD == 64 ? 64 : 128;
+  static constexpr int kMinBlocks = HD == 64 ? 2 : 1;
+  // sQ [BM][HD]; sK, sV [2][BN][HD] (swizzled row panels, 2 bytes); 5 mbarriers (K 0, K 1, V 0, V 1, Q); room to
+  // align the tiles to 1024 bytes
+  static constexpr int kSmem = (kBlockM * HD + 4 * kBlockN * HD) * 2 + 5 * 8 + 1024;
+};
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
+    fwd_sm90_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = FwdSm90Traits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The swizzled tiles need 1024-byte alignment of the shared-memory address itself (kSmem leaves room).
+  T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  T* sK = sQ + BM * HD;       // [2][BN * HD]
+  T* sV = sK + 2 * BN * HD;   // [2][BN * HD]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + 2 * BN * HD);  // [0, 1]: K buffers, [2, 3]: V buffers, [4]: Q
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wl = warp & 3;
+  const TileCoord tc = scheduled_tile(p.window_right >= 0);
+  const int h = tc.head, n = tc.batch;
+  const int hk = h / p.group;
+  const SeqInfo sq = seq_info(p, n);
+  const int m0 = tc.block * BM;
+  if (m0 >= sq.rows_q) return;
+
+  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+  const float sigma = sink_value(p, h);
+  if (m0 >= sq.len_q) {  // padding rows of a dense batch: out = 0, LSE of an empty row (SPEC 2)
+    const int rows = min(BM, sq.rows_q - m0);
+    zero_rows(out, p.out_st.s, rows, p.d_v, tid, Tr::kThreads);
+    for (int r = tid; r < rows; r += Tr::kThreads)
+      p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + m0 + r) * p.lse_s] = sigma;
+    return;
+  }
+
+  const Mask mk(p, sq);
+  int k_lo, k_hi;
+  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
+  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+  const int nbatch = p.varlen ? 0 : n;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 5; ++i) mbar_init(&bars[i], 1);
+  }
+  __syncthreads();
+
+  const bool q_tma = tma.ok != 0 && m0 + BM <= sq.len_q;
+  if (q_tma) {
+    if (tid == 0) {
+      mbar_arrive_expect_tx(&bars[4], BM * HD * sizeof(T));
+#pragma unroll
+      for (int c = 0; c < HD / 64; ++c)
+        tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + m0, h, nbatch, &bars[4]);
+    }
+  } else {
+    const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
+    load_tile_sw<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
+  }
+  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
+  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+  // Key blocks loaded by TMA: all BN keys inside the sequence (a function of the block alone, so the loader and
+  // the waiters agree; only the last block of a sequence can fail it).
+  auto kv_tma = [&](int nb) { return tma.ok != 0 && (nb + 1) * BN <= sq.len_kv; };
+  // K / V of key block nb into buffer `buf` (K and V have their own buffers and barriers: K runs one block ahead
+  // of V, see the loop).
+  auto issue_k = [&](int nb) {
+    const int buf = (nb - nb_lo) & 1, j0 = nb * BN;
+    T* dst = sK + buf * BN * HD;
+    if (kv_tma(nb)) {
+      if (tid == 0) {
+        mbar_arrive_expect_tx(&bars[buf], BN * HD * sizeof(T));
+#pragma unroll
+        for (int c = 0; c < HD / 64; ++c)
+          tma_load_4d(dst + c * BN * 64, &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch, &bars[buf]);
+      }
+    } else {
+      load_tile_sw<BN, HD, Tr::kThreads>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
+    }
+  };
+  auto issue_v = [&](int nb) {
+    const int buf = (nb - nb_lo) & 1, j0 = nb * BN;
+    T* dst = sV + buf * BN * HD;
+    if (kv_tma(nb)) {
+      if (tid == 0) {
+        mbar_arrive_expect_tx(&bars[2 + buf], BN * HD * sizeof(T));
+#pragma unroll
+        for (int c = 0; c < HD / 64; ++c)
+          tma_load_4d(dst + c * BN * 64, &tma.v, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch,
+                      &bars[2 + buf]);
+      }
+    } else {
+      load_tile_sw<BN, HD, Tr::kThreads>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+    }
+  };
+  // Waits until K of block nbk and, if nbv >= 0, V of block nbv are in shared memory and visible to every
+  // thread's wgmma: the TMA barriers of their buffers (phase bits flip per use) and this thread's cp.async groups,
+  // then one block barrier.
+  uint32_t phase = 0;  // bit b: K buffer b, bit 2 + b: V buffer b
+  auto tma_wait = [&](int nb, int v) {
+    if (kv_tma(nb)) {
+      const int bit = 2 * v + ((nb - nb_lo) & 1);
+      mbar_wait(&bars[bit], (phase >> bit) & 1u);
+      phase ^= 1u << bit;
+    }
+  };
+  auto wait_tiles = [&](int nbk, int nbv) {
+    cp_async_wait<0>();
+    if (nbk >= 0) tma_wait(nbk, 0);
+    if (nbv >= 0) tma_wait(nbv, 1);
+    fence_proxy_async();
+    __syncthreads();
+  };
+
+  OnlineSoftmax<NT> sm;
+  sm.init(sigma, lane);
+  float acc[NO][4];
+  zero_acc(acc);
+  const int row_w = m0 + wg * 64 + wl * 16;  // first query row of this warp (within the sequence)
+  const T* sQ_wg = sQ + wg * 64 * 64;        // rows 64 wg .. 64 wg + 63 of every panel (1024-byte aligned)
+
+  // S = Q K^T of block nb into s (issued and committed, not waited for).
+  auto issue_s = [&](float (&s)[NT][4], int nb) {
+    const T* k_cur = sK + ((nb - nb_lo) & 1) * BN * HD;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
+    wgmma_commit();
+  };
+  // O += P V of block nb: A = P from registers (k-step kc = keys 16 kc .. 16 kc + 15), B = V read MN-major.
+  auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int nb) {
+    const T* v_cur = sV + ((nb - nb_lo) & 1) * BN * HD;
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
+    wgmma_commit();
+  };
+  // Mask / scale and the online-softmax step of block nb: s becomes P, alpha the factors for O.
+  auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int nb) {
+    const int j0 = nb * BN;
+    const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
+    const bool fold = !need_mask && p.scale_log2 > 0.f;
+    if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
+    sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
+  };
+  auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+      ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+      ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    }
+  };
+
+  // Pipeline (one warpgroup; both run it in step): step nb issues S_nb = Q K_nb^T and O += P_{nb-1} V_{nb-1},
+  // waits for S_nb only, runs the softmax of S_nb while the tensor cores still work on P V, then waits for P V,
+  // rescales O by alpha_nb (O is then on the scale of m_nb, the one P_nb was formed with) and packs P_nb.
+  // Loads: K runs one block ahead of V. At the barrier of step nb every read of K_{nb-1} (S, step nb - 1) and of
+  // V_{nb-2} (P V, step nb - 1) has retired, so K_{nb+1} and V_nb are issued into those buffers then.
+  // Every key block of the block's range is computed by both warpgroups (a tile this warpgroup's rows cannot see
+  // is all -inf after the mask: m, l and O are unchanged), so no wgmma sits under a data-dependent branch.
+  if (nb_lo < nb_hi) {
+    issue_k(nb_lo);
+    cp_async_commit();
+    if (q_tma) mbar_wait(&bars[4], 0);
+    wait_tiles(nb_lo, -1);
+    if (nb_lo + 1 < nb_hi) issue_k(nb_lo + 1);
+    issue_v(nb_lo);
+    cp_async_commit();
+
+    uint32_t ap[BN / 16][4];
+    {
+      float s[NT][4];
+      wgmma_fence();
+      issue_s(s, nb_lo);
+      wgmma_wait<0>();
+      fence_acc(s);
+      float alpha[2];
+      softmax(s, alpha, nb_lo);  // O = 0: alpha not needed
+      pack_p(s, ap);
+    }
+    for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
+      wait_tiles(nb, nb - 1);
+      if (nb + 1 < nb_hi) issue_k(nb + 1);
+      issue_v(nb);
+      cp_async_commit();
+      float s[NT][4];
+      wgmma_fence();
+      issue_s(s, nb);
+      issue_pv(ap, nb - 1);
+      wgmma_wait<1>();
+      fence_acc(s);
+      float alpha[2];
+      softmax(s, alpha, nb);
+      wgmma_wait<0>();
+      fence_acc(acc);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int o = 0; o < NO; ++o) {
+          acc[o][0] *= alpha[0];
+          acc[o][1] *= alpha[0];
+          acc[o][2] *= alpha[1];
+          acc[o][3] *= alpha[1];
+        }
+      }
+      pack_p(s, ap);
+    }
+    wait_tiles(-1, nb_hi - 1);
+    wgmma_fence();
+    issue_pv(ap, nb_hi - 1);
+    wgmma_wait<0>();
+    fence_acc(acc);
+  } else {  // no visible key: out = 0 (the sink or nothing), Q is not read
+    cp_async_wait<0>();
+    if (q_tma) mbar_wait(&bars[4], 0);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a dense
+  // batch get exact zeros.
+  const int g = lane >> 2;
+  float inv0, inv8, lse0, lse8;
+  sm.finalize(0, inv0, lse0);
+  sm.finalize(1, inv8, lse8);
+  const int rows_valid = sq.rows_q - row_w;
+  if (row_w + g >= sq.len_q) inv0 = 0.f;
+  if (row_w + g + 8 >= sq.len_q) inv8 = 0.f;
+  store_fragment<T, NO>(out + (wg * 64 + wl * 16) * p.out_st.s, p.out_st.s, rows_valid, p.d_v, acc, inv0, inv8,
+                        lane);
+  if ((lane & 3) == 0) {
+    if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g) * p.lse_s] = lse0;
+    if (g + 8 < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g + 8) * p.lse_s] = lse8;
+  }
+#endif
+}
+
+}  // namespace sinkattn::cuda::sm90
