@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cuda/dropout.cuh"
+#include "cuda/bwd_rows.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
@@ -166,10 +167,8 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   const int rows_out = min(BN, sq.rows_kv - j0);
 
   const Mask mk(p, sq);
-  int q_lo = 0, q_hi = 0;
-  if (j0 < sq.len_kv) mk.query_range(j0, min(j0 + BN, sq.len_kv), q_lo, q_hi);
-  const int qb_lo = q_lo / BM, qb_hi = (q_hi + BM - 1) / BM;
-  const int nq = qb_hi > qb_lo ? qb_hi - qb_lo : 0;
+  int qb_lo, nq;
+  query_blocks<BM, BN>(mk, sq, j0, qb_lo, nq);
   const int iters = nq * p.group;  // (query head of the group, query block), head-major
 
   const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
@@ -179,9 +178,9 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
 
   // Step `it` = (query head hk * group + it / nq, query block qb_lo + it % nq), head-major; (ih, iq) are it / nq
   // and it % nq, tracked without a division. Q and dO go to shared memory through cp.async; LSE2 and D of the
-  // block's rows are read into registers (pf_*) by issue() and stored to shared memory by store_rows() at the end
-  // of the current step, so no warp waits on their global latency.
-  float pf_l2 = INFINITY, pf_d = 0.f;
+  // block's rows are read into registers by issue() (pf.load) and stored to shared memory at the end of the
+  // current step (pf.store), so no warp waits on their global latency.
+  RowStatsPrefetch<BM> pf;
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
@@ -191,23 +190,11 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
     load_tile_async<BM, HD, Tr::kThreads>(sQ + buf * BM * LD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
     load_tile_async<BM, HD, Tr::kThreads>(sdO + buf * BM * LD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     static_assert(BM <= Tr::kThreads, "one row per thread");
-    pf_l2 = INFINITY;
-    pf_d = 0.f;
-    if (tid < BM && i0 + tid < sq.len_q) {
-      const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i0 + tid);
-      pf_l2 = p.ws_lse2[wr];
-      pf_d = p.ws_dp[wr];
-    }
-  };
-  auto store_rows = [&](int buf) {
-    if (tid < BM) {
-      sL[buf * BM + tid] = pf_l2;
-      sD[buf * BM + tid] = pf_d;
-    }
+    pf.load(p, sq, n, h, i0, tid);
   };
   if (iters > 0) {
     issue(0, 0, 0);
-    store_rows(0);
+    pf.store(sL, sD, 0, tid);
   }
   cp_async_commit();
 
@@ -303,7 +290,7 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
         }
       }
     }
-    if (prefetch) store_rows(buf ^ 1);
+    if (prefetch) pf.store(sL, sD, buf ^ 1, tid);
     ih = ih_next;
     iq = iq_next;
   }

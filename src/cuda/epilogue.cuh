@@ -1,9 +1,12 @@
 // CUDA backend: epilogue. Writes a warp's 16 x (NT * 8) fp32 accumulator fragment (C layout of
 // common.cuh) to a strided global tensor in the input dtype, with a per-row factor (1 / l for out,
 // softmax_scale for dq / dk). Rows >= rows_valid and columns >= cols_valid (a multiple of 8) are not written.
+// Also the forward's row stores (out and softmax_lse), shared by fwd_kernel.cuh and hopper/fwd_sm90.cuh.
 #pragma once
 
 #include "cuda/common.cuh"
+#include "cuda/params.cuh"
+#include "cuda/softmax.cuh"
 
 namespace sinkattn::cuda {
 
@@ -33,6 +36,37 @@ __device__ __forceinline__ void zero_rows(T* base, int64_t row_stride, int rows,
   for (int idx = tid; idx < rows * chunks; idx += nthreads) {
     const int r = idx / chunks, c = idx % chunks;
     *reinterpret_cast<uint32_t*>(base + r * row_stride + 2 * c) = 0u;
+  }
+}
+
+// Forward (SPEC 2), a block of `rows` query rows starting at row m0 that lies wholly in the padding of a dense
+// batch: out = 0 (`out` points at row m0) and softmax_lse = sigma, the LSE of a row that sees no key (the sink's
+// logit, or -inf without a sink).
+template <typename T>
+__device__ __forceinline__ void fwd_store_padding_rows(const Params& p, const SeqInfo& sq, int n, int h, T* out,
+                                                       int m0, int rows, float sigma, int tid, int nthreads) {
+  zero_rows(out, p.out_st.s, rows, p.d_v, tid, nthreads);
+  for (int r = tid; r < rows; r += nthreads)
+    p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + m0 + r) * p.lse_s] = sigma;
+}
+
+// Forward (SPEC 2), a warp's 16 query rows starting at row row0 of the sequence (`out` points at row row0):
+// out_i = O_i / l_i and softmax_lse_i = (m_i + log2 l_i) ln 2 from the online-softmax state; rows past len_q
+// (padding of a dense batch) get out = 0, and rows past the sequence's rows are not written.
+template <typename T, int NO, int NT>
+__device__ __forceinline__ void fwd_store_rows(const Params& p, const SeqInfo& sq, int n, int h, T* out, int row0,
+                                               const OnlineSoftmax<NT>& sm, const float (&acc)[NO][4], int lane) {
+  const int g = lane >> 2;
+  float inv0, inv8, lse0, lse8;
+  sm.finalize(0, inv0, lse0);
+  sm.finalize(1, inv8, lse8);
+  const int rows_valid = sq.rows_q - row0;
+  if (row0 + g >= sq.len_q) inv0 = 0.f;
+  if (row0 + g + 8 >= sq.len_q) inv8 = 0.f;
+  store_fragment<T, NO>(out, p.out_st.s, rows_valid, p.d_v, acc, inv0, inv8, lane);
+  if ((lane & 3) == 0) {
+    if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row0 + g) * p.lse_s] = lse0;
+    if (g + 8 < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row0 + g + 8) * p.lse_s] = lse8;
   }
 }
 

@@ -38,12 +38,8 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
 
   T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
   const float sigma = sink_value(p, h);
-  if (m0 >= sq.len_q) {
-    // Padding rows of a dense batch: out = 0 (SPEC 2); LSE = that of an empty row (finite or -inf).
-    const int rows = min(BM, sq.rows_q - m0);
-    zero_rows(out, p.out_st.s, rows, p.d_v, tid, Tr::kThreads);
-    for (int r = tid; r < rows; r += Tr::kThreads)
-      p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + m0 + r) * p.lse_s] = sigma;
+  if (m0 >= sq.len_q) {  // padding rows of a dense batch
+    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
     return;
   }
 
@@ -137,24 +133,9 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
   // Epilogue: out_i = acc_i / l_i (0 for a row that saw nothing), LSE_i (SPEC 2).
   // Rows [len_q, rows_q) of a dense batch are padding: written as exact zeros (their Q rows were zero-filled,
   // so acc is finite there). Varlen sequences own exactly len_q rows.
-  const int g = lane >> 2;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int row_m = row_w + mt * 16;
-    float inv0, inv8, lse0, lse8;
-    sm[mt].finalize(0, inv0, lse0);
-    sm[mt].finalize(1, inv8, lse8);
-    const int rows_valid = sq.rows_q - row_m;
-    if (row_m + g >= sq.len_q) inv0 = 0.f;
-    if (row_m + g + 8 >= sq.len_q) inv8 = 0.f;
-    store_fragment<T, NO>(out + (warp * WM + mt * 16) * p.out_st.s, p.out_st.s, rows_valid, p.d_v, acc[mt], inv0,
-                          inv8, lane);
-    if ((lane & 3) == 0) {
-      if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_m + g) * p.lse_s] = lse0;
-      if (g + 8 < rows_valid)
-        p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_m + g + 8) * p.lse_s] = lse8;
-    }
-  }
+  for (int mt = 0; mt < MT; ++mt)
+    fwd_store_rows<T>(p, sq, n, h, out + (warp * WM + mt * 16) * p.out_st.s, row_w + mt * 16, sm[mt], acc[mt], lane);
 }
 
 }  // namespace sinkattn::cuda

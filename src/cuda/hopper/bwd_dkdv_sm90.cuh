@@ -22,6 +22,7 @@
 
 #include <cuda.h>
 
+#include "cuda/bwd_rows.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/hopper/wgmma_ops.cuh"
@@ -79,10 +80,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   const int rows_out = min(BN, sq.rows_kv - j0);
 
   const Mask mk(p, sq);
-  int q_lo = 0, q_hi = 0;
-  if (j0 < sq.len_kv) mk.query_range(j0, min(j0 + BN, sq.len_kv), q_lo, q_hi);
-  const int qb_lo = q_lo / BM, qb_hi = (q_hi + BM - 1) / BM;
-  const int nq = qb_hi > qb_lo ? qb_hi - qb_lo : 0;
+  int qb_lo, nq;
+  query_blocks<BM, BN>(mk, sq, j0, qb_lo, nq);
   const int iters = nq * p.group;
 
   const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   __syncthreads();
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
 
-  float pf_l2 = INFINITY, pf_d = 0.f;
+  RowStatsPrefetch<BM> pf;
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
@@ -121,23 +120,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       load_tile_sw<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
       load_tile_sw<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     }
-    pf_l2 = INFINITY;
-    pf_d = 0.f;
-    if (tid < BM && i0 + tid < sq.len_q) {
-      const int64_t wr = h * p.rows_total_q + ws_row(p, sq, n, i0 + tid);
-      pf_l2 = p.ws_lse2[wr];
-      pf_d = p.ws_dp[wr];
-    }
-  };
-  auto store_rows = [&](int buf) {
-    if (tid < BM) {
-      sL[buf * BM + tid] = pf_l2;
-      sD[buf * BM + tid] = pf_d;
-    }
+    pf.load(p, sq, n, h, i0, tid);
   };
   if (iters > 0) {
     issue(0, 0, 0);
-    store_rows(0);
+    pf.store(sL, sD, 0, tid);
   }
   cp_async_commit();
 
@@ -285,7 +272,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       fence_acc(acc_dk);
       fence_acc(acc_dv);
     }
-    if (prefetch) store_rows(buf ^ 1);
+    if (prefetch) pf.store(sL, sD, buf ^ 1, tid);
     ih = ih_next;
     iq = iq_next;
   }

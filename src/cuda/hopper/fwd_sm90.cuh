@@ -73,11 +73,8 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
 
   T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
   const float sigma = sink_value(p, h);
-  if (m0 >= sq.len_q) {  // padding rows of a dense batch: out = 0, LSE of an empty row (SPEC 2)
-    const int rows = min(BM, sq.rows_q - m0);
-    zero_rows(out, p.out_st.s, rows, p.d_v, tid, Tr::kThreads);
-    for (int r = tid; r < rows; r += Tr::kThreads)
-      p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + m0 + r) * p.lse_s] = sigma;
+  if (m0 >= sq.len_q) {  // padding rows of a dense batch
+    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
     return;
   }
 
@@ -266,19 +263,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
 
   // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a dense
   // batch get exact zeros.
-  const int g = lane >> 2;
-  float inv0, inv8, lse0, lse8;
-  sm.finalize(0, inv0, lse0);
-  sm.finalize(1, inv8, lse8);
-  const int rows_valid = sq.rows_q - row_w;
-  if (row_w + g >= sq.len_q) inv0 = 0.f;
-  if (row_w + g + 8 >= sq.len_q) inv8 = 0.f;
-  store_fragment<T, NO>(out + (wg * 64 + wl * 16) * p.out_st.s, p.out_st.s, rows_valid, p.d_v, acc, inv0, inv8,
-                        lane);
-  if ((lane & 3) == 0) {
-    if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g) * p.lse_s] = lse0;
-    if (g + 8 < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row_w + g + 8) * p.lse_s] = lse8;
-  }
+  fwd_store_rows<T>(p, sq, n, h, out + (wg * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
 #endif
 }
 
