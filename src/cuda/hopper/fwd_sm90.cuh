@@ -107,35 +107,24 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
   // Key blocks loaded by TMA: all BN keys inside the sequence (a function of the block alone, so the loader and
   // the waiters agree; only the last block of a sequence can fail it).
   auto kv_tma = [&](int nb) { return tma.ok != 0 && (nb + 1) * BN <= sq.len_kv; };
-  // K / V of key block nb into buffer `buf` (K and V have their own buffers and barriers: K runs one block ahead
-  // of V, see the loop).
-  auto issue_k = [&](int nb) {
+  // K (v = 0) or V (v = 1) of key block nb into its buffer (K and V have their own buffers and barriers: K runs one
+  // block ahead of V, see the loop).
+  auto issue_kv = [&](int v, int nb) {
     const int buf = (nb - nb_lo) & 1, j0 = nb * BN;
-    T* dst = sK + buf * BN * HD;
+    T* dst = (v ? sV : sK) + buf * BN * HD;
+    uint64_t* bar = &bars[2 * v + buf];
     if (kv_tma(nb)) {
       if (tid == 0) {
-        mbar_arrive_expect_tx(&bars[buf], BN * HD * sizeof(T));
+        mbar_arrive_expect_tx(bar, BN * HD * sizeof(T));
 #pragma unroll
         for (int c = 0; c < HD / 64; ++c)
-          tma_load_4d(dst + c * BN * 64, &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch, &bars[buf]);
+          tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch,
+                      bar);
       }
+    } else if (v) {
+      load_tile_sw<BN, HD, Tr::kThreads>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
     } else {
       load_tile_sw<BN, HD, Tr::kThreads>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
-    }
-  };
-  auto issue_v = [&](int nb) {
-    const int buf = (nb - nb_lo) & 1, j0 = nb * BN;
-    T* dst = sV + buf * BN * HD;
-    if (kv_tma(nb)) {
-      if (tid == 0) {
-        mbar_arrive_expect_tx(&bars[2 + buf], BN * HD * sizeof(T));
-#pragma unroll
-        for (int c = 0; c < HD / 64; ++c)
-          tma_load_4d(dst + c * BN * 64, &tma.v, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch,
-                      &bars[2 + buf]);
-      }
-    } else {
-      load_tile_sw<BN, HD, Tr::kThreads>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
     }
   };
   // Waits until K of block nbk and, if nbv >= 0, V of block nbv are in shared memory and visible to every
@@ -205,12 +194,12 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
   // Every key block of the block's range is computed by both warpgroups (a tile this warpgroup's rows cannot see
   // is all -inf after the mask: m, l and O are unchanged), so no wgmma sits under a data-dependent branch.
   if (nb_lo < nb_hi) {
-    issue_k(nb_lo);
+    issue_kv(0, nb_lo);
     cp_async_commit();
     if (q_tma) mbar_wait(&bars[4], 0);
     wait_tiles(nb_lo, -1);
-    if (nb_lo + 1 < nb_hi) issue_k(nb_lo + 1);
-    issue_v(nb_lo);
+    if (nb_lo + 1 < nb_hi) issue_kv(0, nb_lo + 1);
+    issue_kv(1, nb_lo);
     cp_async_commit();
 
     uint32_t ap[BN / 16][4];
@@ -226,8 +215,8 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
     }
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       wait_tiles(nb, nb - 1);
-      if (nb + 1 < nb_hi) issue_k(nb + 1);
-      issue_v(nb);
+      if (nb + 1 < nb_hi) issue_kv(0, nb + 1);
+      issue_kv(1, nb);
       cp_async_commit();
       float s[NT][4];
       wgmma_fence();
