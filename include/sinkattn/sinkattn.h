@@ -127,6 +127,15 @@ typedef struct {
   sinkattn_tensor_t seqlens_kv;     /* dense only, optional [b]: keys j >= seqlens_kv[n] are masked */
   int64_t max_seqlen_q;             /* varlen: upper bound of every sequence's query length (required) */
   int64_t max_seqlen_kv;            /* varlen: upper bound of every sequence's key length (required) */
+  /* Paged KV (SPEC.md section 1; forward only): with a page table, k and v are page pools
+   * [num_pages, page_size, h_kv, d] / [num_pages, page_size, h_kv, d_v], key j < seqused_kv[n] of sequence n is
+   * row j % page_size of page page_table[n, j / page_size], and seqused_kv [b] is required (dense or varlen q).
+   * Entries past ceil(seqused_kv[n] / page_size) are never read. A backward with a page table is rejected. */
+  sinkattn_tensor_t page_table;     /* int32 [b, max_pages] */
+  /* 1: do not read batch tensors (cu_seqlens_*, seqused_kv, seqlens_*, page_table) in device memory back to the
+   * host to check their contents (no synchronisation: a CUDA-graph-capturable call; the caller vouches for them).
+   * 0 (default): they are checked, except while the call's stream is being captured. */
+  int32_t trust_device_batch_tensors;
 
   /* ---- forward outputs ---- */
   sinkattn_tensor_t out;          /* dtype of q */
@@ -159,6 +168,8 @@ typedef struct {
   sinkattn_tensor_t rng_state;
 
   int32_t deterministic;    /* backward: bitwise reproducible dq, dk, dv, d_sinks, d_bias */
+  int32_t num_splits;       /* forward: key splits per row (split-KV / flash-decoding); 0 (default) = the backend's
+                               heuristic, 1 = no split, N > 1 = at most N splits */
   sinkattn_backend_t backend; /* AUTO (default), CPU, CUDA */
   void* stream;             /* cudaStream_t for the CUDA backend; NULL = default stream */
   int32_t num_threads;      /* CPU backend: 0 (default) = all cores */

@@ -312,6 +312,9 @@ extern "C" __attribute__((visibility("default"))) int32_t sinkattn_jax_params_la
       static_cast<int64_t>(offsetof(sinkattn_params_t, rng_state)),
       static_cast<int64_t>(offsetof(sinkattn_params_t, deterministic)),
       static_cast<int64_t>(offsetof(sinkattn_params_t, workspace_bytes)),
+      static_cast<int64_t>(offsetof(sinkattn_params_t, page_table)),
+      static_cast<int64_t>(offsetof(sinkattn_params_t, trust_device_batch_tensors)),
+      static_cast<int64_t>(offsetof(sinkattn_params_t, num_splits)),
   };
   const int32_t count = static_cast<int32_t>(sizeof(v) / sizeof(v[0]));
   for (int32_t i = 0; i < n && i < count; ++i) out[i] = v[i];

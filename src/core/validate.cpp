@@ -139,6 +139,7 @@ HostI32 host_view(const Call& c, const sinkattn_tensor_t& t, int64_t count) {
     v.ok = true;
     return v;
   }
+  if (c.p->trust_device_batch_tensors) return v;  // the caller vouches for them: no read-back, no synchronisation
   const int64_t span = count > 0 ? (count - 1) * v.stride + 1 : 0;
   v.copy.resize(static_cast<size_t>(span));
   v.ok = span == 0 || device_to_host(t.data, v.copy.data(), static_cast<size_t>(span) * sizeof(int32_t), c.p->stream);
@@ -148,7 +149,8 @@ HostI32 host_view(const Call& c, const sinkattn_tensor_t& t, int64_t count) {
 
 // Checks the contents of the int32 batch tensors (SPEC.md sections 1 and 4). In device memory they are read with a
 // synchronising copy of b + 1 entries on the call's stream, except while that stream is being captured into a
-// CUDA graph, where nothing may synchronise: the contents are then trusted.
+// CUDA graph, where nothing may synchronise, or when the caller sets trust_device_batch_tensors: the contents are
+// then trusted.
 Status check_batch_contents(const Call& c) {
   const sinkattn_params_t& p = *c.p;
   if (c.plan.varlen) {
@@ -258,6 +260,10 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   if (!std::isnan(p.softmax_scale) && !std::isfinite(p.softmax_scale))
     return invalid("softmax_scale: must be finite (or NaN for the default 1/sqrt(d))");
   if (p.num_threads < 0) return invalid("num_threads: must be >= 0 (0 = all cores), got " + std::to_string(p.num_threads));
+  if (p.num_splits < 0)
+    return invalid("num_splits: must be >= 0 (0 = the backend's heuristic, 1 = no split), got " +
+                   std::to_string(p.num_splits));
+  if (present(p.page_table)) return unsupported("page_table: paged KV is not implemented yet");
 
   // ---- memory: q decides ----
   if (p.q.rank <= 0) return invalid("q: is required (rank 0 means absent)");

@@ -71,6 +71,7 @@ class Params(ctypes.Structure):
         ("cu_seqlens_q", Tensor), ("cu_seqlens_kv", Tensor), ("seqused_kv", Tensor),
         ("seqlens_q", Tensor), ("seqlens_kv", Tensor),
         ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_kv", ctypes.c_int64),
+        ("page_table", Tensor), ("trust_device_batch_tensors", ctypes.c_int32),
         ("out", Tensor), ("softmax_lse", Tensor),
         ("d_out", Tensor), ("d_lse", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
         ("d_sinks", Tensor), ("d_bias", Tensor),
@@ -79,7 +80,8 @@ class Params(ctypes.Structure):
         ("mask_alignment", ctypes.c_int),
         ("dropout_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64),
         ("rng_seed_offset", Tensor), ("rng_state", Tensor),
-        ("deterministic", ctypes.c_int32), ("backend", ctypes.c_int), ("stream", ctypes.c_void_p),
+        ("deterministic", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
         ("num_threads", ctypes.c_int32),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
     ]
@@ -208,7 +210,8 @@ def _check_layout(lib: ctypes.CDLL) -> None:
     n = lib.sinkattn_jax_params_layout(buf, 16)
     mine = [ctypes.sizeof(Params), ctypes.sizeof(Tensor), Params.max_seqlen_q.offset, Params.out.offset,
             Params.softmax_type.offset, Params.dropout_p.offset, Params.rng_state.offset,
-            Params.deterministic.offset, Params.workspace_bytes.offset]
+            Params.deterministic.offset, Params.workspace_bytes.offset, Params.page_table.offset,
+            Params.trust_device_batch_tensors.offset, Params.num_splits.offset]
     if list(buf[:n]) != mine[:n] or n != len(mine):
         raise ImportError(f"sinkattn: the ctypes mirror of sinkattn_params_t does not match the library "
                           f"(C: {list(buf[:n])}, Python: {mine}); update python/sinkattn/jax/_ffi.py")
