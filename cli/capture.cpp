@@ -323,6 +323,11 @@ void validate_capture(const Capture& c) {
   }
   if (c.options.softmax_type == SINKATTN_SOFTMAX_LEARNABLE && !c.has("sinks"))
     fail("capture: softmax_type is learnable but tensor 'sinks' is missing (SPEC.md section 4)");
+  // d_lse is an input of the backward only (SPEC.md section 3), and a capture runs its backward when it has d_out:
+  // a d_lse without d_out would be silently unused, so the capture is refused instead.
+  if (c.has("d_lse") && !c.has("d_out"))
+    fail("capture: tensor 'd_lse' is given without 'd_out'; d_lse is a backward input and the backward runs only "
+         "when the capture has d_out (add d_out, or remove d_lse to run the forward alone)");
   if (c.has("d_lse") && c.at("d_lse").dtype != SINKATTN_F32)
     fail(std::string("capture: tensor 'd_lse' must be F32, got ") + dtype_name(c.at("d_lse").dtype));
   if (c.has("bias") && !is_float_dtype(c.at("bias").dtype))

@@ -113,8 +113,14 @@ typedef struct {
   sinkattn_tensor_t q;      /* fp32 | fp16 | bf16 */
   sinkattn_tensor_t k;      /* dtype of q */
   sinkattn_tensor_t v;      /* dtype of q */
-  sinkattn_tensor_t sinks;  /* fp32 [h_q], natural-log units (not scaled). Required iff LEARNABLE. */
-  sinkattn_tensor_t bias;   /* optional post-scale bias, fp32 or dtype of q, [b|1, h_q|1, s_q, s_kv]; dense only */
+  sinkattn_tensor_t sinks;  /* fp32 [h_q], natural-log units (not scaled). Required iff LEARNABLE. Any finite value
+                             * or -inf (that head is then vanilla; its key-less rows add d_lse_i to d_sinks[h]); a
+                             * +inf or NaN sink leaves that head's outputs unspecified, other heads unaffected
+                             * (SPEC.md section 3, "Sink values"). */
+  /* optional post-scale bias, fp32 or dtype of q, [b|1, h_q|1, s_q, s_kv]; dense only. Accuracy (SPEC.md sections 3,
+   * 5) holds for logits and sinks with |S_ij|, |sigma| <= 1e4: exclude a key with -inf (or a mask / window), never
+   * with a huge finite value such as float32's lowest, whose LSE an fp32 softmax_lse cannot carry. */
+  sinkattn_tensor_t bias;
 
   /* ---- batch description (SPEC.md section 1); all int32, memory of q. Their contents (monotonic, in range)
    * are checked by every entry point. In device memory that reads them with a synchronising copy of b + 1
@@ -201,6 +207,14 @@ SINKATTN_API sinkattn_status_t sinkattn_backward(const sinkattn_params_t* p);
  * before any memory exists; with a NULL q pointer the backend is p->backend, or CPU when that is AUTO. */
 SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
 SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
+
+/* SPEC.md section 1: rows of packed (varlen) tensors after cu_seqlens_q[b] (of out, dq, softmax_lse) and after
+ * cu_seqlens_kv[b] (of dk, dv) belong to no sequence, and sinkattn_forward / sinkattn_backward never read or write
+ * them. A binding that allocates the outputs itself calls this (with the same params, before or after the pass) so
+ * that they hold out = 0, softmax_lse = -inf (is_backward = 0) or dq = dk = dv = 0 (is_backward = 1), as SPEC.md
+ * says. Dense calls: nothing to do. Same validation as the pass. Device memory: one kernel on p->stream that reads
+ * cu_seqlens[b] on the device (no synchronisation; graph-capturable); host memory: done before returning. */
+SINKATTN_API sinkattn_status_t sinkattn_clear_unowned_rows(const sinkattn_params_t* p, int32_t is_backward);
 
 /* SPEC.md section 4: which backend would run this call (is_backward = 0: forward, 1: backward).
  * *chosen is the backend (CPU or CUDA), or AUTO if none can. `report` (may be NULL) receives a

@@ -146,6 +146,17 @@ ffi::Error read_optional(const ffi::RemainingArgs& args, int32_t ops, bool backw
   return ffi::Error::Success();
 }
 
+// XLA allocates the outputs: their varlen rows that belong to no sequence (after cu_seqlens[b]), which the library
+// never writes, get out = dq = dk = dv = 0 and softmax_lse = -inf (SPEC.md section 1), on the call's stream. The pass
+// has just validated the batch tensors: no second read-back.
+ffi::Error clear_unowned_rows(sinkattn_params_t* p, bool backward) {
+  if (p->cu_seqlens_q.rank == 0) return ffi::Error::Success();
+  p->trust_device_batch_tensors = 1;
+  const sinkattn_status_t st = sinkattn_clear_unowned_rows(p, backward ? 1 : 0);
+  if (st != SINKATTN_OK) return library_error(st);
+  return ffi::Error::Success();
+}
+
 // The part of a call both passes share: options, backend, stream and the q, k, v views.
 ffi::Error start_params(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, const Options& o, sinkattn_params_t* p) {
@@ -178,7 +189,7 @@ ffi::Error forward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer
   p.workspace_bytes = workspace->size_bytes();
   const sinkattn_status_t st = sinkattn_forward(&p);
   if (st != SINKATTN_OK) return library_error(st);
-  return ffi::Error::Success();
+  return clear_unowned_rows(&p, /*backward=*/false);
 }
 
 // SPEC.md section 3: dq, dk, dv, d_sinks (learnable), d_bias (with bias).
@@ -211,7 +222,7 @@ ffi::Error backward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffe
   p.workspace_bytes = workspace->size_bytes();
   const sinkattn_status_t st = sinkattn_backward(&p);
   if (st != SINKATTN_OK) return library_error(st);
-  return ffi::Error::Success();
+  return clear_unowned_rows(&p, /*backward=*/true);
 }
 
 // ---- binding boilerplate: the same attributes for every handler ----

@@ -6,6 +6,7 @@
 
 #include "core/backend.hpp"
 #include "core/philox.hpp"
+#include "core/unowned_rows.hpp"
 #include "core/validate.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -17,6 +18,9 @@ namespace sinkattn {
 
 #ifndef SINKATTN_WITH_CUDA
 const Backend* cuda_backend() { return nullptr; }
+Status cuda_clear_unowned_rows(const UnownedRegion*, int, void*) {
+  return unsupported("clear_unowned_rows: device memory needs the CUDA backend, not compiled into this library");
+}
 #endif
 
 Memory pointer_memory(const void* ptr) {
@@ -144,6 +148,59 @@ Status run_impl(const sinkattn_params_t* p, Pass pass) {
   return ch.backend->run(c);
 }
 
+// sinkattn_clear_unowned_rows: the rows of a varlen call's outputs that belong to no sequence (SPEC.md section 1).
+Status clear_unowned_impl(const sinkattn_params_t* p, Pass pass) {
+  Call c;
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
+  if (!c.plan.varlen) return Status::ok();
+  const auto end_of = [&](const sinkattn_tensor_t& cu) {
+    return static_cast<const int32_t*>(cu.data) + c.b * cu.strides[0];
+  };
+  const int32_t* end_q = end_of(p->cu_seqlens_q);
+  const int32_t* end_kv = end_of(p->cu_seqlens_kv);
+  const int elem = static_cast<int>(sinkattn_dtype_size(c.dtype));
+  const auto rows_region = [&](const sinkattn_tensor_t& t, const RowStrides& st, const int32_t* first, int64_t rows,
+                               int64_t heads, int64_t cols) {
+    UnownedRegion r;
+    r.data = t.data;
+    r.first_row = first;
+    r.rows = rows;
+    r.heads = heads;
+    r.cols = cols;
+    r.row_stride = st.s;
+    r.head_stride = st.h;
+    r.elem_bytes = elem;
+    return r;
+  };
+  UnownedRegion regions[3];
+  int count = 0;
+  if (pass == Pass::kForward) {
+    regions[count++] = rows_region(p->out, c.out, end_q, c.total_q, c.h_q, c.d_v);
+    UnownedRegion lse;
+    lse.data = p->softmax_lse.data;
+    lse.first_row = end_q;
+    lse.rows = c.total_q;
+    lse.heads = c.h_q;
+    lse.cols = 1;
+    lse.row_stride = c.lse.s;
+    lse.head_stride = c.lse.h;
+    lse.elem_bytes = 4;
+    lse.minus_inf = true;
+    regions[count++] = lse;
+  } else {
+    regions[count++] = rows_region(p->dq, c.dq, end_q, c.total_q, c.h_q, c.d);
+    regions[count++] = rows_region(p->dk, c.dk, end_kv, c.total_kv, c.h_kv, c.d);
+    regions[count++] = rows_region(p->dv, c.dv, end_kv, c.total_kv, c.h_kv, c.d_v);
+  }
+  if (c.memory == Memory::kDevice) return cuda_clear_unowned_rows(regions, count, p->stream);
+  for (int k = 0; k < count; ++k) {
+    const int64_t first = *regions[k].first_row;
+    const int64_t total = unowned_elements(regions[k], first);
+    for (int64_t e = 0; e < total; ++e) fill_unowned_element(regions[k], first, e);
+  }
+  return Status::ok();
+}
+
 template <class F>
 sinkattn_status_t guarded(F&& f) {
   try {
@@ -217,6 +274,10 @@ SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_pa
 
 SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_params_t* p, size_t* bytes) {
   return guarded([&] { return workspace_size_impl(p, Pass::kBackward, bytes); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_clear_unowned_rows(const sinkattn_params_t* p, int32_t is_backward) {
+  return guarded([&] { return clear_unowned_impl(p, is_backward ? Pass::kBackward : Pass::kForward); });
 }
 
 SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p, int32_t is_backward,

@@ -47,4 +47,10 @@ Memory cuda_pointer_memory(const void* ptr);
 bool device_to_host(const void* src, void* dst, size_t bytes, void* stream);
 bool cuda_device_to_host(const void* src, void* dst, size_t bytes, void* stream);
 
+struct UnownedRegion;
+// Fills `count` regions (core/unowned_rows.hpp) in device memory with one kernel on `stream`, reading their first
+// rows (cu_seqlens[b]) on the device: no synchronisation. Implemented by the CUDA backend (src/cuda/unowned_rows.cu);
+// an error Status without it.
+Status cuda_clear_unowned_rows(const UnownedRegion* regions, int count, void* stream);
+
 }  // namespace sinkattn

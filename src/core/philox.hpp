@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SINKATTN_HD __host__ __device__ __forceinline__
-#else
-#define SINKATTN_HD inline
-#endif
+#include "common/hd.hpp"
 
 namespace sinkattn {
 

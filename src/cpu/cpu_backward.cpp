@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/sink.hpp"
 #include "cpu/cpu_common.hpp"
 #include "cpu/cpu_panels.hpp"
 #include "cpu/cpu_passes.hpp"
@@ -179,7 +180,8 @@ void preprocess(const Bwd& w) {
       }
     }
     if (c.plan.d_sinks == Use::kRequired) {
-      // d_sinks[h] = sum over n, valid i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i).
+      // d_sinks[h] = sum over n, valid i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i)
+      // (sink_probability: 1 for a key-less row of a -inf sink).
       // Summed in double in a fixed order; never over the heads of a GQA group, never over padding rows.
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < c.h_q; ++h) {
@@ -190,7 +192,7 @@ void preprocess(const Bwd& w) {
             const int64_t row = x.q_row(n, i);
             const double lse = *x.lse_ptr(p.softmax_lse, c.lse, n, h, row);
             const double dlse = c.plan.d_lse == Use::kRequired ? *x.lse_ptr(p.d_lse, c.d_lse, n, h, row) : 0.0;
-            const double psink = sigma == -INFINITY ? 0.0 : std::exp(sigma - lse);
+            const double psink = sink_probability(sigma, lse);
             sum += psink * (dlse - static_cast<double>(w.D[w.d_index(n, h, i)]));
           }
         }
@@ -364,22 +366,6 @@ void dq_task(const Bwd& w, BwdTiles& t, int64_t bb, int64_t hb, int64_t qb) {
   }
 }
 
-// Varlen rows after the last sequence (cu_seqlens[b] .. total) belong to no sequence: their gradients are 0.
-void zero_unowned_rows(const Ctx& x) {
-  const Call& c = x.c;
-  const sinkattn_params_t& p = x.p;
-  if (!c.plan.varlen) return;
-  const int64_t end_q = static_cast<const int32_t*>(p.cu_seqlens_q.data)[c.b * p.cu_seqlens_q.strides[0]];
-  const int64_t end_kv = static_cast<const int32_t*>(p.cu_seqlens_kv.data)[c.b * p.cu_seqlens_kv.strides[0]];
-  for (int64_t row = end_q; row < c.total_q; ++row)
-    for (int64_t h = 0; h < c.h_q; ++h) zero_row(x.out_row(p.dq, c.dq, 0, row, h), c.dtype, c.d);
-  for (int64_t row = end_kv; row < c.total_kv; ++row)
-    for (int64_t h = 0; h < c.h_kv; ++h) {
-      zero_row(x.out_row(p.dk, c.dk, 0, row, h), c.dtype, c.d);
-      zero_row(x.out_row(p.dv, c.dv, 0, row, h), c.dtype, c.d_v);
-    }
-}
-
 }  // namespace
 
 size_t backward_workspace_bytes(const Call& c) { return BwdLayout(c).bytes(); }
@@ -404,7 +390,6 @@ Status run_backward(const Call& c) {
   Bwd w{x,   lay, lay.kv, ws, lay.bias_ws ? ws + lay.d_floats : nullptr, qf, qf + lay.q_floats,
         reinterpret_cast<uint8_t*>(fin), reinterpret_cast<uint8_t*>(fin + lay.fin_floats)};
 
-  zero_unowned_rows(x);
   if (c.b == 0) {
     if (c.plan.d_sinks == Use::kRequired)
       for (int64_t h = 0; h < c.h_q; ++h) static_cast<float*>(c.p->d_sinks.data)[h * c.p->d_sinks.strides[0]] = 0.f;

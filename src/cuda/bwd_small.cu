@@ -3,13 +3,15 @@
 //   preprocess: per row  D_i = dot(d_out_i, out_i) (fp32, from the out passed to the backward),
 //               LSE2_i = LSE_i * log2(e) (+inf when LSE_i = -inf or the row is padding: P = 0 there),
 //               Dp_i = D_i - d_lse_i, and the fused d_sinks partial of the block:
-//               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i).
+//               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i)
+//               (common/sink.hpp: 1 for a key-less row under a -inf sink).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
 //               written, never accumulated into.
 //   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused non-deterministic backward).
 //   d_bias:     d_bias[nb, hb, i, j] = sum over the broadcast dims of dS[n, h, i, j] (fixed order).
 #include "cuda/kernels.hpp"
 
+#include "common/sink.hpp"
 #include "cuda/common.cuh"
 #include "cuda/params.cuh"
 
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
       const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + (sq.q_start + i) * p.dlse_s] : 0.f;
       p.ws_lse2[wr] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       p.ws_dp[wr] = dsum - dlse;
-      if (p.softmax_type == 2) part = expf(sigma - lse) * (dlse - dsum);
+      if (p.softmax_type == 2) part = sink_probability(sigma, lse) * (dlse - dsum);
     }
   }
   if (p.softmax_type == 2) {  // fixed-order (deterministic) reduction: warp tree, then the 4 warps in order

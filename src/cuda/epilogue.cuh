@@ -58,8 +58,9 @@ __device__ __forceinline__ void fwd_store_rows(const Params& p, const SeqInfo& s
                                                const OnlineSoftmax<NT>& sm, const float (&acc)[NO][4], int lane) {
   const int g = lane >> 2;
   float inv0, inv8, lse0, lse8;
-  sm.finalize(0, inv0, lse0);
-  sm.finalize(1, inv8, lse8);
+  const float sigma = sink_value(p, h);
+  sm.finalize(0, sigma, inv0, lse0);
+  sm.finalize(1, sigma, inv8, lse8);
   const int rows_valid = sq.rows_q - row0;
   if (row0 + g >= sq.len_q) inv0 = 0.f;
   if (row0 + g + 8 >= sq.len_q) inv8 = 0.f;

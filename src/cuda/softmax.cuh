@@ -51,11 +51,14 @@ struct OnlineSoftmax {
   }
 
   // Row r: 1 / l (0 for an empty vanilla row, giving out = 0) and the natural-log LSE (-inf when empty).
-  __device__ __forceinline__ void finalize(int r, float& inv_l, float& lse) const {
+  // A row still in its initial state (m = sigma * log2(e), l = 1: no key, or only keys whose exp2 underflowed
+  // next to the sink's 1) gets LSE = sigma exactly (SPEC 2), not sigma * log2(e) * ln(2) rounded twice; `sigma` is
+  // the value init() was given.
+  __device__ __forceinline__ void finalize(int r, float sigma, float& inv_l, float& lse) const {
     const float lt = quad_sum(l[r]);
     if (lt > 0.f) {
       inv_l = 1.f / lt;
-      lse = (m[r] + __log2f(lt)) * kLn2;
+      lse = (lt == 1.f && m[r] == sigma * kLog2e) ? sigma : (m[r] + __log2f(lt)) * kLn2;
     } else {
       inv_l = 0.f;
       lse = -INFINITY;

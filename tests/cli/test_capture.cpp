@@ -397,6 +397,8 @@ std::vector<Malformed> malformed_files() {
   m.push_back({"int_q", image(std::string(R"({"q":{"dtype":"I32","shape":[1,2,1,8],"data_offsets":[0,64]},)") + kQkv + "}", 192)});
   m.push_back({"learnable_without_sinks", image(std::string(R"({"__metadata__":{"softmax_type":"learnable"},"q":{"dtype":"F32","shape":[1,2,1,8],"data_offsets":[0,64]},)") + kQkv + "}", 192)});
   m.push_back({"varlen_without_cu_seqlens", image(R"({"q":{"dtype":"F32","shape":[2,1,8],"data_offsets":[0,64]},"k":{"dtype":"F32","shape":[2,1,8],"data_offsets":[64,128]},"v":{"dtype":"F32","shape":[2,1,8],"data_offsets":[128,192]}})", 192)});
+  // d_lse is a backward input: without d_out the capture would run the forward alone and drop it silently.
+  m.push_back({"d_lse_without_d_out", image(std::string(R"({"q":{"dtype":"F32","shape":[1,2,1,8],"data_offsets":[0,64]},"d_lse":{"dtype":"F32","shape":[1,1,2],"data_offsets":[192,200]},)") + kQkv + "}", 200)});
   m.push_back({"k_dtype_differs", image(R"({"q":{"dtype":"F32","shape":[1,2,1,8],"data_offsets":[0,64]},"k":{"dtype":"F16","shape":[1,2,1,16],"data_offsets":[64,128]},"v":{"dtype":"F32","shape":[1,2,1,8],"data_offsets":[128,192]}})", 192)});
   return m;
 }

@@ -365,9 +365,11 @@ Result run(const Problem& pr, bool backward, bool lowp) {
         T D = 0;
         for (int64_t c = 0; c < pr.d_v; ++c)
           D += static_cast<T>(doi[c]) * static_cast<T>(round_to(pr.dtype, static_cast<double>(out_row[c])));
-        // d_sinks[h] += P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma - LSE_i) (learnable only).
-        if (sigma != neg_inf) {
-          const T p_sink = std::exp(sigma - lse);
+        // d_sinks[h] += P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma - LSE_i) (kept for learnable only). A row
+        // with LSE = -inf saw no key under a -inf sink: P_sink = 1 there, the limit of a finite sink going to -inf
+        // (SPEC.md section 3, "Sink values"); with keys, exp(-inf - LSE) = 0.
+        {
+          const T p_sink = lse == neg_inf ? T(1) : std::exp(sigma - lse);
           dsinks_acc[h] += static_cast<double>(p_sink * (dlse - D));
         }
         for (int64_t j = 0; j < len_kv; ++j) {

@@ -266,19 +266,12 @@ def _union_vma(*xs) -> frozenset:
     return frozenset().union(*[_vma(x) for x in jax.tree_util.tree_leaves(xs)])
 
 
-def _rows_in_sequences(cu, total):
-    """Varlen: rows < cu_seqlens[-1] belong to a sequence; the library leaves the others untouched."""
-    return jnp.arange(total) < cu[-1]
-
-
 def _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng):
     out, lse, rng_state = _forward(cfg, q, k, v, sinks, bias, batch, rng)
     vma = _vma(q)  # every operand has this type (dot_product_attention cast them), see _vma above
+    # Varlen rows after the last sequence come back as out = 0, lse = -inf: the FFI handler fills them through
+    # sinkattn_clear_unowned_rows (SPEC.md section 1), as every binding does.
     out, lse, rng_state = _vary_to(out, vma), _vary_to(lse, vma), _vary_to(rng_state, vma)
-    if cfg.varlen:  # rows after the last sequence: out = 0, lse = -inf (not left uninitialised)
-        rows = _rows_in_sequences(batch[0], q.shape[0])
-        out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(rows[None, :], lse, -jnp.inf)
     return out, lse, rng_state
 
 
@@ -299,12 +292,7 @@ def _make_core():
             d_lse = d_lse.astype(jnp.float32)
         dq, dk, dv, d_sinks, d_bias = _backward(cfg, q, k, v, sinks, bias, batch, out, lse, rng_state,
                                                 d_out.astype(q.dtype), d_lse)
-        if cfg.varlen:  # rows outside every sequence get zero gradients
-            rq = _rows_in_sequences(batch[0], q.shape[0])[:, None, None]
-            rk = _rows_in_sequences(batch[1], k.shape[0])[:, None, None]
-            dq = jnp.where(rq, dq, jnp.zeros((), dq.dtype))
-            dk = jnp.where(rk, dk, jnp.zeros((), dk.dtype))
-            dv = jnp.where(rk, dv, jnp.zeros((), dv.dtype))
+        # varlen rows outside every sequence: dq = dk = dv = 0, filled by the FFI handler (SPEC.md section 1)
         # cotangents of the same shard_map type as the primal inputs (custom_vjp requires it), see _vma above
         vma = _vma(q)
         dq, dk, dv, d_sinks, d_bias = (_vary_to(x, vma) for x in (dq, dk, dv, d_sinks, d_bias))
@@ -344,6 +332,7 @@ def dot_product_attention(
     key,
     value,
     bias=None,
+    mask=None,
     *,
     sinks=None,
     softmax_type: Optional[str] = None,
@@ -384,7 +373,12 @@ def dot_product_attention(
     Args:
       bias: optional post-scale additive bias, broadcastable to ``[B, N, T, S]`` (up to 4 dims, right-aligned),
         float32 or query's dtype (others are cast to float32); ``jax.grad`` gives its gradient in its own shape.
-        Not with varlen or segment_ids.
+        Not with varlen or segment_ids. Accuracy (SPEC.md sections 3, 5) holds for logits and sinks with
+        ``|S_ij|, |sigma| <= 1e4``: exclude keys with ``mask`` (or ``-inf`` in the bias, a window, lengths), never
+        with a huge finite value such as ``jnp.finfo(jnp.float32).min``, whose LSE a float32 lse cannot carry.
+      mask: optional boolean mask broadcastable to ``[B, N, T, S]`` (as jax.nn.dot_product_attention): True =
+        attend. Turned into a ``-inf`` bias (never a large finite value), added to ``bias``; a row it masks
+        entirely sees no key (out = 0, lse = sigma). Not with varlen or segment_ids.
       sinks: ``[N]`` sink logits per query head (float32; other float dtypes are upcast, d_sinks cast back).
       softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``; default ``"learnable"`` when sinks are
         given, else ``"vanilla"``. ``"learnable"`` without sinks is an error.
@@ -490,6 +484,19 @@ def dot_product_attention(
         _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}",
                TypeError)
         sinks = sinks.astype(jnp.float32)
+    if mask is not None:
+        _check(not varlen, "mask is not supported with varlen inputs or segment_ids (SPEC.md section 1: no bias "
+               "there); use cu_seqlens / segment_ids / lengths to exclude keys")
+        mask = jnp.asarray(mask)
+        _check(mask.dtype == jnp.bool_, f"mask must be boolean (True = attend), got {mask.dtype}", TypeError)
+        _check(mask.ndim <= 4, f"mask must have at most 4 dims (broadcastable to [B, N, T, S]), got {mask.shape}")
+        # -inf, never a large finite value (SPEC.md section 3, "Logit range")
+        mask_bias = jnp.where(mask, jnp.float32(0.0), jnp.float32(-jnp.inf))
+        if bias is None:
+            bias = mask_bias
+        else:
+            bias = jnp.asarray(bias)
+            bias = bias.astype(jnp.float32) + mask_bias
     if bias is not None and not varlen:
         bias = jnp.asarray(bias)
         if bias.dtype not in (jnp.float32, q.dtype):

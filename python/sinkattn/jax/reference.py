@@ -173,6 +173,7 @@ def dot_product_attention(
     key,
     value,
     bias=None,
+    mask=None,
     *,
     sinks=None,
     softmax_type: Optional[str] = None,
@@ -194,6 +195,7 @@ def dot_product_attention(
 ):
     """Reference of ``sinkattn.jax.dot_product_attention`` (see its docstring for the arguments)."""
     del deterministic  # a property of the fused backward only
+    mask_arg = mask
     softmax_type = resolve_softmax_type(softmax_type, sinks)
     window_left, window_right = resolve_window(is_causal, local_window_size)
     varlen = cu_seqlens_q is not None
@@ -259,6 +261,10 @@ def dot_product_attention(
     if window_right >= 0:
         mask &= pj <= pi + off + window_right
     mask = mask[:, None, None]  # [b, 1, 1, t, s] against scores [b, h_kv, g, t, s]
+    if mask_arg is not None:  # the caller's boolean mask (True = attend), broadcastable to [b, h_q, t, s]
+        mu = jnp.asarray(mask_arg, bool)
+        mu = mu.reshape((1,) * (4 - mu.ndim) + mu.shape)
+        mask = mask & jnp.broadcast_to(mu, (b, h_q, t, s)).reshape(b, h_kv, g, t, s)
 
     # S_ij = softmax_scale * dot(q_i, k_j) + bias_ij; query head h = kv_head * g + group member.
     qg = q.reshape(b, t, h_kv, g, d)

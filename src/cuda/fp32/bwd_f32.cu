@@ -1,6 +1,5 @@
 // fp32 path of the CUDA backend: backward kernels (SPEC.md section 3). The per-thread math is in
 // f32_kernels.cuh; this file maps threads to work and launches, in this order on one stream:
-//   [varlen rows of no sequence: dq = 0, dk = dv = 0]
 //   preprocess   (n, h, i):  D_i - d_lse_i and the row's d_sinks term into the workspace
 //   d_sinks      one block per head: fixed-order sum (written, never accumulated into)
 //   dq           (n, h, i):  dq_i, and dS_ij into d_bias or its workspace
@@ -54,20 +53,6 @@ __global__ void dbias_kernel(const KParams p) {
     dbias_reduce(p, e);
 }
 
-__global__ void unowned_q_kernel(const KParams p) {
-  const int64_t total = p.total_q * p.h_q;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    unowned_backward_q(p, e);
-}
-
-__global__ void unowned_kv_kernel(const KParams p) {
-  const int64_t total = p.total_kv * p.h_kv;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    unowned_backward_kv(p, e);
-}
-
 unsigned stride_blocks(int64_t total) {
   const int64_t b = (total + 255) / 256;
   return static_cast<unsigned>(b < 65536 ? b : 65536);
@@ -91,18 +76,6 @@ void launch_main(const KParams& p, cudaStream_t stream, bool dq) {
 cudaError_t launch_backward(const KParams& p, int tile, cudaStream_t stream, const char** what) {
   cudaError_t e = cudaSuccess;
   if (tile != 64 && tile != 128 && tile != 256) return cudaErrorInvalidValue;
-  if (p.varlen) {
-    if (p.total_q * p.h_q > 0) {
-      *what = "fp32 backward: dq rows of no sequence";
-      unowned_q_kernel<<<stride_blocks(p.total_q * p.h_q), 256, 0, stream>>>(p);
-      if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    }
-    if (p.total_kv * p.h_kv > 0) {
-      *what = "fp32 backward: dk dv rows of no sequence";
-      unowned_kv_kernel<<<stride_blocks(p.total_kv * p.h_kv), 256, 0, stream>>>(p);
-      if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    }
-  }
   const bool rows = p.b > 0 && p.s_q > 0;
   if (rows) {
     *what = "fp32 backward preprocess kernel";

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/sink.hpp"
 #include "core/philox.hpp"
 
 #if defined(__CUDACC__)
@@ -294,33 +295,6 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-// Varlen rows after the last sequence (cu_seqlens[b] .. total) belong to no sequence: forward out = 0 and
-// LSE = the empty-row value (sigma); backward dq = 0, dk = dv = 0. Element e = row * heads + head.
-F32_HD void unowned_forward(const KParams& p, int64_t e) {
-  const int64_t end_q = p.cu_q[p.b * p.cu_q_st];
-  const int64_t row = e / p.h_q, h = e % p.h_q;
-  if (row < end_q || row >= p.total_q) return;
-  float* o = p.out + row * p.out_st.s + h * p.out_st.h;
-  for (int64_t c = 0; c < p.d_v; ++c) o[c] = 0.f;
-  p.lse[h * p.lse_h + row * p.lse_s] = sink_of(p, h);
-}
-F32_HD void unowned_backward_q(const KParams& p, int64_t e) {
-  const int64_t end_q = p.cu_q[p.b * p.cu_q_st];
-  const int64_t row = e / p.h_q, h = e % p.h_q;
-  if (row < end_q || row >= p.total_q) return;
-  float* g = p.dq + row * p.dq_st.s + h * p.dq_st.h;
-  for (int64_t c = 0; c < p.d; ++c) g[c] = 0.f;
-}
-F32_HD void unowned_backward_kv(const KParams& p, int64_t e) {
-  const int64_t end_kv = p.cu_kv[p.b * p.cu_kv_st];
-  const int64_t row = e / p.h_kv, h = e % p.h_kv;
-  if (row < end_kv || row >= p.total_kv) return;
-  float* gk = p.dk + row * p.dk_st.s + h * p.dk_st.h;
-  float* gv = p.dv + row * p.dv_st.s + h * p.dv_st.h;
-  for (int64_t c = 0; c < p.d; ++c) gk[c] = 0.f;
-  for (int64_t c = 0; c < p.d_v; ++c) gv[c] = 0.f;
-}
-
 // Forward: rng_state = {seed, offset} (from rng_seed_offset when given, otherwise the scalars).
 F32_HD void write_rng_state(const KParams& p) {
   const Dropout drop(p);
@@ -354,7 +328,7 @@ F32_HD void preprocess_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   if (p.ws_dsink) {
     const float sigma = sink_of(p, h);
     const float lse = p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s];
-    const float psink = sigma == -INFINITY ? 0.f : expf(sigma - lse);
+    const float psink = sink_probability(sigma, lse);
     p.ws_dsink[w] = psink * (dlse - D);
   }
 }

@@ -16,10 +16,10 @@ inline int head_dim_tile(int64_t d, int64_t d_v) {
   return 0;
 }
 
-// Forward: [varlen rows of no sequence] -> forward rows -> [rng_state]. Stops at the first launch error.
+// Forward: forward rows -> [rng_state] (varlen rows of no sequence are never written, SPEC.md 1). Stops at the first launch error.
 cudaError_t launch_forward(const KParams& p, int tile, cudaStream_t stream, const char** what);
 
-// Backward: [varlen rows of no sequence] -> preprocess -> [d_sinks] -> dq (+ dS) -> dk dv -> [d_bias reduce].
+// Backward: preprocess -> [d_sinks] -> dq (+ dS) -> dk dv -> [d_bias reduce].
 cudaError_t launch_backward(const KParams& p, int tile, cudaStream_t stream, const char** what);
 
 }  // namespace sinkattn::cuda_f32

@@ -14,33 +14,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const KParams p) {
   forward_row<HD>(p, blockIdx.z, blockIdx.y, i);
 }
 
-// Varlen rows past cu_seqlens_q[b]: out = 0, LSE = sigma. Grid-stride over row * h_q + head.
-__global__ void unowned_forward_kernel(const KParams p) {
-  const int64_t total = p.total_q * p.h_q;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    unowned_forward(p, e);
-}
-
 __global__ void rng_state_kernel(const KParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0) write_rng_state(p);
-}
-
-// Blocks of 256 threads for a grid-stride loop over `total` elements.
-unsigned stride_blocks(int64_t total) {
-  const int64_t b = (total + 255) / 256;
-  return static_cast<unsigned>(b < 65536 ? b : 65536);
 }
 
 }  // namespace
 
 cudaError_t launch_forward(const KParams& p, int tile, cudaStream_t stream, const char** what) {
   cudaError_t e = cudaSuccess;
-  if (p.varlen && p.total_q * p.h_q > 0) {
-    *what = "fp32 forward: rows of no sequence";
-    unowned_forward_kernel<<<stride_blocks(p.total_q * p.h_q), 256, 0, stream>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
   if (p.b > 0 && p.s_q > 0) {
     *what = "fp32 forward kernel";
     const dim3 grid(static_cast<unsigned>((p.s_q + kThreads - 1) / kThreads), static_cast<unsigned>(p.h_q),
