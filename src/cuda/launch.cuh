@@ -11,6 +11,7 @@
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/hopper/bwd_dkdv_sm90.cuh"
 #include "cuda/hopper/fwd_sm90.cuh"
+#include "cuda/hopper/fwd_sm90_ws.cuh"
 #include "cuda/kernels.hpp"
 
 namespace sinkattn::cuda {
@@ -103,6 +104,23 @@ cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
     // pipeline's prologue (H200, GPT-OSS sliding layer, window 127: 0.166 ms sm_80 vs 0.187 ms Hopper).
     const bool short_window =
         p.window_left >= 0 && p.window_right >= 0 && int64_t{Tr::kBlockM} + p.window_left + p.window_right < 512;
+    // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): opt-in with SINKATTN_CUDA_FWD_WS=1 until it
+    // has been measured against fwd_sm90 on the H200.
+    static const bool ws = std::getenv("SINKATTN_CUDA_FWD_WS") != nullptr;
+    if (!short_window && ws && use_sm90(p, HD)) {
+      using TrW = sm90::FwdWsTraits<HD>;
+      cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD>, TrW::kSmem);
+      if (e != cudaSuccess) return e;
+      sm90::Sm90FwdTma tma{};
+      const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
+      const int64_t nb = p.varlen ? 1 : p.b;
+      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
+               make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, TrW::kBlockN) &&
+               make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, TrW::kBlockN);
+      const dim3 wgrid((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM, p.h_q, p.b);
+      sm90::fwd_sm90_ws_kernel<T, HD><<<wgrid, TrW::kThreads, TrW::kSmem, stream>>>(p, tma);
+      return cudaGetLastError();
+    }
     if (!short_window && use_sm90(p, HD)) {
       using Tr90 = sm90::FwdSm90Traits<HD>;
       static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");

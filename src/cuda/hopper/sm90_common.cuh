@@ -134,6 +134,23 @@ __device__ __forceinline__ void load_tile_sw(T* smem, const T* gmem, int64_t ld,
   }
 }
 
+// The same copy as a rolled loop over the chunks (few registers): for a lone loading warp whose register budget
+// was given away (the warp-specialised forward's producer), on the rare partial blocks.
+template <int ROWS, int COLS, typename T>
+__device__ __forceinline__ void load_tile_sw_rolled(T* smem, const T* gmem, int64_t ld, int rows_valid,
+                                                    int cols_valid, int tid, int nthreads) {
+  constexpr int kChunks = COLS / 8, kTotal = ROWS * kChunks;
+  static_assert(COLS % 64 == 0, "whole panels");
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem);
+#pragma unroll 1
+  for (int idx = tid; idx < kTotal; idx += nthreads) {
+    const int r = idx / kChunks, cc = idx % kChunks;
+    const bool valid = r < rows_valid && cc * 8 < cols_valid;
+    cp_async16(base + (cc / 8) * ROWS * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16),
+               valid ? gmem + r * ld + cc * 8 : gmem, valid);
+  }
+}
+
 // ---- mbarrier and TMA (cp.async.bulk.tensor) ----
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -1,0 +1,298 @@
+// CUDA backend, Hopper: the warp-specialised forward (SPEC.md section 2) on wgmma + TMA, FlashAttention-3's
+// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no bias or dropout):
+//   - one producer warp (its warpgroup gives its registers away: setmaxnreg.dec) loads Q once and K, V of every
+//     key block into a two-stage ring of shared-memory buffers, by TMA where the block lies in the sequence and
+//     by cp.async with zero-fill where it reaches past the sequence's end (rows past len_kv must read as exact
+//     zeros: P = 0 there, and 0 * NaN would reach the output), completing "full" mbarriers;
+//   - kNC consumer warpgroups (setmaxnreg.inc), 64 query rows each, compute per key block j
+//         S_j = Q K_j^T (wgmma, both operands from shared memory),
+//         m_new = max(m, rowmax(S_j) * scale * log2 e), P_j = exp2(S_j * c - m_new), l = l * alpha + rowsum(P_j)
+//         O = O * alpha + P_{j} V_{j}     (wgmma, A = P from registers)
+//     with the online softmax of softmax.cuh unchanged (the sink as an already-seen key: m = sigma log2 e, l = 1),
+//     S_j issued together with P_{j-1} V_{j-1} (intra-warpgroup overlap: the softmax of S_j runs while the tensor
+//     cores compute P V), and release K_j / V_{j-1} to the producer ("empty" mbarriers) as soon as their wgmmas
+//     retire;
+//   - ping-pong: the consumer warpgroups take turns to issue their wgmmas (named barriers, round robin), so that
+//     one warpgroup's softmax overlaps the others' matrix products;
+//   - epilogue: out = O / l, LSE = (m + log2 l) ln 2 through fwd_store_rows (epilogue.cuh), as every forward.
+// Same grid as fwd_sm90.cuh (one block per kBlockM query rows, scheduled_tile's longest-first order); masks, sinks
+// and LSE conventions are the sm_80 kernel's.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/epilogue.cuh"
+#include "cuda/hopper/fwd_sm90.cuh"
+#include "cuda/hopper/sm90_common.cuh"
+#include "cuda/hopper/wgmma_ops.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/scheduler.cuh"
+#include "cuda/scores.cuh"
+#include "cuda/softmax.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+template <int HD>
+struct FwdWsTraits {
+  static constexpr int kNC = 2;                   // consumer warpgroups
+  static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
+  static constexpr int kBlockM = 64 * kNC;        // query rows per block
+  static constexpr int kBlockN = 128;             // keys per step
+  static constexpr int kStages = 2;               // K and V buffers each
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
+  // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S]
+  static constexpr int kBars = 1 + 4 * kStages;
+  static constexpr int kSmem = (kBlockM * HD + 2 * kStages * kBlockN * HD) * 2 + kBars * 8 + 1024;
+};
+
+// Named barriers 1 .. kNC order the consumer warpgroups' wgmma issue (0 is __syncthreads).
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+// One plain arrival (no transaction count) on an mbarrier.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
+    fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = FwdWsTraits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  T* sK = sQ + BM * HD;          // [S][BN * HD]
+  T* sV = sK + S * BN * HD;      // [S][BN * HD]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + S * BN * HD);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* k_empty = k_full + S;
+  uint64_t* v_full = k_empty + S;
+  uint64_t* v_empty = v_full + S;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wl = warp & 3;  // warpgroup 0: producer; 1 .. NC: consumers
+  const TileCoord tc = scheduled_tile(p.window_right >= 0);
+  const int h = tc.head, n = tc.batch;
+  const int hk = h / p.group;
+  const SeqInfo sq = seq_info(p, n);
+  const int m0 = tc.block * BM;
+  if (m0 >= sq.rows_q) return;  // block-uniform: before any barrier
+
+  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+  const float sigma = sink_value(p, h);
+  if (m0 >= sq.len_q) {  // padding rows of a dense batch
+    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
+    return;
+  }
+
+  const Mask mk(p, sq);
+  int k_lo, k_hi;
+  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
+  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+  const int nblocks = nb_hi > nb_lo ? nb_hi - nb_lo : 0;
+  const int nbatch = p.varlen ? 0 : n;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&k_empty[s], 4 * NC);  // one arrival per consumer warp
+      mbar_init(&v_empty[s], 4 * NC);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer (one warp loads; no key block: the consumers read nothing) ----------------
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp == 0 && nblocks > 0) {
+        const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
+        const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+        // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled).
+        if (tma.ok != 0 && m0 + BM <= sq.len_q) {
+          if (lane == 0) {
+            mbar_arrive_expect_tx(q_full, BM * HD * sizeof(T));
+    #pragma unroll
+            for (int c = 0; c < HD / 64; ++c)
+              tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + m0, h, nbatch, q_full);
+          }
+        } else {
+          const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
+          load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, lane, 32);
+          cp_async_commit();
+          cp_async_wait<0>();
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(q_full);
+        }
+        // K_j then V_j for every key block, into stage i % S once the consumers have released it.
+        for (int i = 0; i < nblocks; ++i) {
+          const int nb = nb_lo + i, j0 = nb * BN, s = i % S;
+          const uint32_t empty_parity = ((i / S) & 1) ^ 1;  // a fresh barrier's previous phase counts as complete
+          const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
+    #pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            uint64_t* empty = v ? &v_empty[s] : &k_empty[s];
+            uint64_t* fullb = v ? &v_full[s] : &k_full[s];
+            T* dst = (v ? sV : sK) + s * BN * HD;
+            mbar_wait(empty, empty_parity);
+            if (full) {
+              if (lane == 0) {
+                mbar_arrive_expect_tx(fullb, BN * HD * sizeof(T));
+    #pragma unroll
+                for (int c = 0; c < HD / 64; ++c)
+                  tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk,
+                              nbatch, fullb);
+              }
+            } else {
+              if (v)
+                load_tile_sw_rolled<BN, HD>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, lane, 32);
+              else
+                load_tile_sw_rolled<BN, HD>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, lane, 32);
+              cp_async_commit();
+              cp_async_wait<0>();
+              fence_proxy_async();
+              __syncwarp();
+              if (lane == 0) mbar_arrive(fullb);
+            }
+          }
+        }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int c = wg - 1;                          // consumer index 0 .. NC - 1
+    const int row_w = m0 + c * 64 + wl * 16;       // first query row of this warp (within the sequence)
+    const T* sQ_wg = sQ + c * 64 * 64;             // rows 64 c .. 64 c + 63 of every panel
+    OnlineSoftmax<NT> sm;
+    sm.init(sigma, lane);
+    float acc[NO][4];
+    zero_acc(acc);
+    // Turn taking: consumer c issues its wgmmas after bar_sync(1 + c) and then lets consumer c + 1 go.
+    const int my_bar = 1 + c, next_bar = 1 + (c + 1) % NC;
+    auto my_turn = [&] { named_bar_sync(my_bar, 256); };
+    auto pass_turn = [&] { named_bar_arrive(next_bar, 256); };
+    auto release = [&](uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
+
+    if (nblocks > 0) {
+      if (c == NC - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
+      mbar_wait(q_full, 0);
+
+      auto issue_s = [&](float (&s)[NT][4], int i) {
+        const T* k_cur = sK + (i % S) * BN * HD;
+  #pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+          Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
+        wgmma_commit();
+      };
+      auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int i) {
+        const T* v_cur = sV + (i % S) * BN * HD;
+  #pragma unroll
+        for (int kc = 0; kc < BN / 16; ++kc)
+          Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
+        wgmma_commit();
+      };
+      auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
+        const int j0 = (nb_lo + i) * BN;
+        const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
+        const bool fold = !need_mask && p.scale_log2 > 0.f;
+        if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
+        sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
+      };
+      auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
+  #pragma unroll
+        for (int kc = 0; kc < BN / 16; ++kc) {
+          ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+          ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+          ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+          ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        }
+      };
+      auto full_parity = [](int i) { return static_cast<uint32_t>((i / S) & 1); };
+
+      uint32_t ap[BN / 16][4];
+      {
+        float s[NT][4];
+        mbar_wait(&k_full[0], 0);
+        my_turn();
+        wgmma_fence();
+        issue_s(s, 0);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_acc(s);
+        release(&k_empty[0]);
+        float alpha[2];
+        softmax(s, alpha, 0);  // O = 0: alpha not needed
+        pack_p(s, ap);
+      }
+      for (int i = 1; i < nblocks; ++i) {
+        float s[NT][4];
+        mbar_wait(&k_full[i % S], full_parity(i));
+        mbar_wait(&v_full[(i - 1) % S], full_parity(i - 1));
+        my_turn();
+        wgmma_fence();
+        issue_s(s, i);
+        issue_pv(ap, i - 1);
+        pass_turn();
+        wgmma_wait<1>();
+        fence_acc(s);
+        release(&k_empty[i % S]);
+        float alpha[2];
+        softmax(s, alpha, i);
+        wgmma_wait<0>();
+        fence_acc(acc);
+        release(&v_empty[(i - 1) % S]);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  #pragma unroll
+          for (int o = 0; o < NO; ++o) {
+            acc[o][0] *= alpha[0];
+            acc[o][1] *= alpha[0];
+            acc[o][2] *= alpha[1];
+            acc[o][3] *= alpha[1];
+          }
+        }
+        pack_p(s, ap);
+      }
+      mbar_wait(&v_full[(nblocks - 1) % S], full_parity(nblocks - 1));
+      my_turn();
+      wgmma_fence();
+      issue_pv(ap, nblocks - 1);
+      pass_turn();
+      wgmma_wait<0>();
+      fence_acc(acc);
+      release(&v_empty[(nblocks - 1) % S]);
+      if (c == 0) my_turn();  // the last consumer's final pass_turn: every named-barrier phase completes
+    }
+
+    // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a dense
+    // batch get exact zeros.
+    fwd_store_rows<T>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
+  }
+#endif
+}
+
+}  // namespace sinkattn::cuda::sm90
