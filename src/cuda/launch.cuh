@@ -92,6 +92,39 @@ inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t r
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
+template <typename T, int HD, int NC>
+cudaError_t launch_fwd_ws(const Params& p, cudaStream_t stream) {
+  using TrW = sm90::FwdWsTraits<HD, NC>;
+  cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD, NC>, TrW::kSmem);
+  if (e != cudaSuccess) return e;
+  sm90::Sm90FwdTma tma{};
+  const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
+  const int64_t nb = p.varlen ? 1 : p.b;
+  tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
+           make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, TrW::kBlockN) &&
+           make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, TrW::kBlockN);
+  // Persistent blocks (one per SM) walk the tiles in longest-first order; SINKATTN_CUDA_FWD_WS_PERSISTENT=0 launches
+  // one block per tile instead (A/B).
+  const int64_t tiles = static_cast<int64_t>((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM) * p.h_q * p.b;
+  if (tiles == 0) return cudaSuccess;
+  static const bool persistent = [] {
+    const char* e = std::getenv("SINKATTN_CUDA_FWD_WS_PERSISTENT");
+    return e == nullptr || std::atoi(e) != 0;
+  }();
+  int64_t blocks = tiles;
+  if (persistent) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return cudaGetLastError();
+    blocks = std::min<int64_t>(tiles, sms);
+  }
+  if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
+  sm90::fwd_sm90_ws_kernel<T, HD, NC><<<static_cast<unsigned>(blocks), TrW::kThreads, TrW::kSmem, stream>>>(
+      p, tma, static_cast<int>(tiles));
+  return cudaGetLastError();
+}
+
 template <typename T, int HD>
 cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
   using Tr = FwdTraits<HD>;
@@ -104,22 +137,19 @@ cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
     // pipeline's prologue (H200, GPT-OSS sliding layer, window 127: 0.166 ms sm_80 vs 0.187 ms Hopper).
     const bool short_window =
         p.window_left >= 0 && p.window_right >= 0 && int64_t{Tr::kBlockM} + p.window_left + p.window_right < 512;
-    // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): opt-in with SINKATTN_CUDA_FWD_WS=1 until it
-    // has been measured against fwd_sm90 on the H200.
-    static const bool ws = std::getenv("SINKATTN_CUDA_FWD_WS") != nullptr;
-    if (!short_window && ws && use_sm90(p, HD)) {
-      using TrW = sm90::FwdWsTraits<HD>;
-      cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD>, TrW::kSmem);
-      if (e != cudaSuccess) return e;
-      sm90::Sm90FwdTma tma{};
-      const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
-      const int64_t nb = p.varlen ? 1 : p.b;
-      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
-               make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, TrW::kBlockN) &&
-               make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, TrW::kBlockN);
-      const dim3 wgrid((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM, p.h_q, p.b);
-      sm90::fwd_sm90_ws_kernel<T, HD><<<wgrid, TrW::kThreads, TrW::kSmem, stream>>>(p, tma);
-      return cudaGetLastError();
+    // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): opt-in with SINKATTN_CUDA_FWD_WS=1 (2 consumer
+    // warpgroups) or =3 (3 consumer warpgroups, head dim 64) until it has been measured against fwd_sm90.
+    static const int ws = [] {
+      const char* e = std::getenv("SINKATTN_CUDA_FWD_WS");
+      return e == nullptr ? 0 : std::atoi(e);
+    }();
+    // SINKATTN_CUDA_FWD_WS_SHORT=1: the warp-specialised forward takes short windows too (A/B of the rule above).
+    static const bool ws_short = std::getenv("SINKATTN_CUDA_FWD_WS_SHORT") != nullptr;
+    if ((!short_window || ws_short) && ws > 0 && use_sm90(p, HD)) {
+      if constexpr (HD == 64) {
+        if (ws == 3) return launch_fwd_ws<T, HD, 3>(p, stream);
+      }
+      return launch_fwd_ws<T, HD, 2>(p, stream);
     }
     if (!short_window && use_sm90(p, HD)) {
       using Tr90 = sm90::FwdSm90Traits<HD>;

@@ -15,8 +15,10 @@
 //   - ping-pong: the consumer warpgroups take turns to issue their wgmmas (named barriers, round robin), so that
 //     one warpgroup's softmax overlaps the others' matrix products;
 //   - epilogue: out = O / l, LSE = (m + log2 l) ln 2 through fwd_store_rows (epilogue.cuh), as every forward.
-// Same grid as fwd_sm90.cuh (one block per kBlockM query rows, scheduled_tile's longest-first order); masks, sinks
-// and LSE conventions are the sm_80 kernel's.
+// Tiles (kBlockM query rows of one (sequence, head)) in scheduler.cuh's longest-first order over the whole launch:
+// block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
+// K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
+// per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
 #pragma once
 
 #include <cuda.h>
@@ -32,17 +34,17 @@
 
 namespace sinkattn::cuda::sm90 {
 
-template <int HD>
+template <int HD, int NC_ = 2>
 struct FwdWsTraits {
-  static constexpr int kNC = 2;                   // consumer warpgroups
+  static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
   static constexpr int kBlockN = 128;             // keys per step
   static constexpr int kStages = 2;               // K and V buffers each
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
-  // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S]
-  static constexpr int kBars = 1 + 4 * kStages;
+  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S]
+  static constexpr int kBars = 2 + 4 * kStages;
   static constexpr int kSmem = (kBlockM * HD + 2 * kStages * kBlockN * HD) * 2 + kBars * 8 + 1024;
 };
 
@@ -72,11 +74,11 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #endif
 }
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
-    fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma) {
+template <typename T, int HD, int NC_>
+__global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
+    fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = FwdWsTraits<HD>;
+  using Tr = FwdWsTraits<HD, NC_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -84,74 +86,100 @@ __global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
   T* sV = sK + S * BN * HD;      // [S][BN * HD]
   uint64_t* bars = reinterpret_cast<uint64_t*>(sV + S * BN * HD);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
+  uint64_t* q_empty = bars + 1;
+  uint64_t* k_full = bars + 2;
   uint64_t* k_empty = k_full + S;
   uint64_t* v_full = k_empty + S;
   uint64_t* v_empty = v_full + S;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup 0: producer; 1 .. NC: consumers
-  const TileCoord tc = scheduled_tile(p.window_right >= 0);
-  const int h = tc.head, n = tc.batch;
-  const int hk = h / p.group;
-  const SeqInfo sq = seq_info(p, n);
-  const int m0 = tc.block * BM;
-  if (m0 >= sq.rows_q) return;  // block-uniform: before any barrier
-
-  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
-  const float sigma = sink_value(p, h);
-  if (m0 >= sq.len_q) {  // padding rows of a dense batch
-    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
-    return;
-  }
-
-  const Mask mk(p, sq);
-  int k_lo, k_hi;
-  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
-  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
-  const int nblocks = nb_hi > nb_lo ? nb_hi - nb_lo : 0;
-  const int nbatch = p.varlen ? 0 : n;
+  const int mblocks = (p.s_q + BM - 1) / BM;
+  const bool heavy_last = p.window_right >= 0;
 
   if (tid == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, 4 * NC);  // one arrival per consumer warp
     for (int s = 0; s < S; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
-      mbar_init(&k_empty[s], 4 * NC);  // one arrival per consumer warp
+      mbar_init(&k_empty[s], 4 * NC);
       mbar_init(&v_empty[s], 4 * NC);
     }
   }
   __syncthreads();
 
+  // Everything a role needs of one tile (both roles compute it alike, so they agree on which tiles load).
+  struct Tile {
+    int h, n, hk, m0, nb_lo, nblocks;
+    SeqInfo sq;
+    bool real, padding;  // real: some row of the block lies in its sequence (else nothing to do)
+  };
+  auto tile_at = [&](int64_t L) {
+    Tile t;
+    const int64_t pairs = static_cast<int64_t>(p.h_q) * p.b;
+    const int64_t order = L / pairs, r = L % pairs;
+    t.h = static_cast<int>(r % p.h_q);
+    t.n = static_cast<int>(r / p.h_q);
+    const int block = heavy_last ? mblocks - 1 - static_cast<int>(order) : static_cast<int>(order);
+    t.hk = t.h / p.group;
+    t.sq = seq_info(p, t.n);
+    t.m0 = block * BM;
+    t.real = t.m0 < t.sq.rows_q;
+    t.padding = t.real && t.m0 >= t.sq.len_q;
+    t.nb_lo = 0;
+    t.nblocks = 0;
+    if (t.real && !t.padding) {
+      const Mask mk(p, t.sq);
+      int k_lo, k_hi;
+      mk.key_range(t.m0, min(t.m0 + BM, t.sq.len_q), k_lo, k_hi);
+      t.nb_lo = k_lo / BN;
+      const int nb_hi = (k_hi + BN - 1) / BN;
+      t.nblocks = nb_hi > t.nb_lo ? nb_hi - t.nb_lo : 0;
+    }
+    return t;
+  };
+
   if (wg == 0) {
-    // ---------------- producer (one warp loads; no key block: the consumers read nothing) ----------------
+    // ---------------- producer: one warp loads; the others give their registers away and wait at the end -------
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp == 0 && nblocks > 0) {
-        const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
-        const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
-        // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled).
-        if (tma.ok != 0 && m0 + BM <= sq.len_q) {
+    if (warp == 0) {
+      int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
+      int qi = 0;  // Q tiles loaded so far
+      for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
+        const Tile t = tile_at(L);
+        if (t.nblocks == 0) continue;
+        const SeqInfo& sq = t.sq;
+        const int nbatch = p.varlen ? 0 : t.n;
+        // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled),
+        // once the consumers have released the previous tile's Q.
+        mbar_wait(q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
+        if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
           if (lane == 0) {
             mbar_arrive_expect_tx(q_full, BM * HD * sizeof(T));
-    #pragma unroll
+#pragma unroll
             for (int c = 0; c < HD / 64; ++c)
-              tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + m0, h, nbatch, q_full);
+              tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, q_full);
           }
         } else {
-          const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
-          load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, lane, 32);
+          const T* qg =
+              static_cast<const T*>(p.q) + t.n * p.q_st.b + (sq.q_start + t.m0) * p.q_st.s + t.h * p.q_st.h;
+          load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
           cp_async_commit();
           cp_async_wait<0>();
           fence_proxy_async();
           __syncwarp();
           if (lane == 0) mbar_arrive(q_full);
         }
-        // K_j then V_j for every key block, into stage i % S once the consumers have released it.
-        for (int i = 0; i < nblocks; ++i) {
-          const int nb = nb_lo + i, j0 = nb * BN, s = i % S;
-          const uint32_t empty_parity = ((i / S) & 1) ^ 1;  // a fresh barrier's previous phase counts as complete
+        ++qi;
+        const T* kg = static_cast<const T*>(p.k) + t.n * p.k_st.b + sq.kv_start * p.k_st.s + t.hk * p.k_st.h;
+        const T* vg = static_cast<const T*>(p.v) + t.n * p.v_st.b + sq.kv_start * p.v_st.s + t.hk * p.v_st.h;
+        // K_j then V_j for every key block, into stage it % S once the consumers have released it.
+        for (int i = 0; i < t.nblocks; ++i, ++it) {
+          const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
+          const uint32_t empty_parity = ((it / S) & 1) ^ 1;
           const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
-    #pragma unroll
+#pragma unroll
           for (int v = 0; v < 2; ++v) {
             uint64_t* empty = v ? &v_empty[s] : &k_empty[s];
             uint64_t* fullb = v ? &v_full[s] : &k_full[s];
@@ -160,10 +188,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
             if (full) {
               if (lane == 0) {
                 mbar_arrive_expect_tx(fullb, BN * HD * sizeof(T));
-    #pragma unroll
+#pragma unroll
                 for (int c = 0; c < HD / 64; ++c)
-                  tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk,
-                              nbatch, fullb);
+                  tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0,
+                              t.hk, nbatch, fullb);
               }
             } else {
               if (v)
@@ -178,17 +206,13 @@ __global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
             }
           }
         }
+      }
     }
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    const int c = wg - 1;                          // consumer index 0 .. NC - 1
-    const int row_w = m0 + c * 64 + wl * 16;       // first query row of this warp (within the sequence)
-    const T* sQ_wg = sQ + c * 64 * 64;             // rows 64 c .. 64 c + 63 of every panel
-    OnlineSoftmax<NT> sm;
-    sm.init(sigma, lane);
-    float acc[NO][4];
-    zero_acc(acc);
+    const int c = wg - 1;                    // consumer index 0 .. NC - 1
+    const int ctid = tid - 128;              // 0 .. 128 NC - 1
     // Turn taking: consumer c issues its wgmmas after bar_sync(1 + c) and then lets consumer c + 1 go.
     const int my_bar = 1 + c, next_bar = 1 + (c + 1) % NC;
     auto my_turn = [&] { named_bar_sync(my_bar, 256); };
@@ -197,100 +221,128 @@ __global__ void __launch_bounds__(FwdWsTraits<HD>::kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar);
     };
-
-    if (nblocks > 0) {
-      if (c == NC - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
-      mbar_wait(q_full, 0);
-
-      auto issue_s = [&](float (&s)[NT][4], int i) {
-        const T* k_cur = sK + (i % S) * BN * HD;
-  #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
-          Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
-        wgmma_commit();
-      };
-      auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int i) {
-        const T* v_cur = sV + (i % S) * BN * HD;
-  #pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc)
-          Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
-        wgmma_commit();
-      };
-      auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-        const int j0 = (nb_lo + i) * BN;
-        const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
-        const bool fold = !need_mask && p.scale_log2 > 0.f;
-        if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
-        sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
-      };
-      auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
-  #pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
-          ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-          ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-          ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-          ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-        }
-      };
-      auto full_parity = [](int i) { return static_cast<uint32_t>((i / S) & 1); };
-
-      uint32_t ap[BN / 16][4];
-      {
-        float s[NT][4];
-        mbar_wait(&k_full[0], 0);
-        my_turn();
-        wgmma_fence();
-        issue_s(s, 0);
-        pass_turn();
-        wgmma_wait<0>();
-        fence_acc(s);
-        release(&k_empty[0]);
-        float alpha[2];
-        softmax(s, alpha, 0);  // O = 0: alpha not needed
-        pack_p(s, ap);
+    auto full_parity = [](int it) { return static_cast<uint32_t>((it / S) & 1); };
+    const T* sQ_wg = sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
+    int it = 0, qi = 0;
+    // The turns run round robin over every tile of the block (each consumer takes nblocks + 1 turns per tile), so
+    // a consumer can never arrive twice at a barrier whose phase is still open: consumer NC - 1 opens the first
+    // turn here and consumer 0 takes its last arrival after the loop.
+    if (c == NC - 1) named_bar_arrive(1, 256);
+    for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
+      const Tile t = tile_at(L);
+      if (!t.real) continue;
+      const SeqInfo& sq = t.sq;
+      const int h = t.h, n = t.n, m0 = t.m0, nb_lo = t.nb_lo, nblocks = t.nblocks;
+      T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+      const float sigma = sink_value(p, h);
+      if (t.padding) {  // padding rows of a dense batch
+        fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, ctid, 128 * NC);
+        continue;
       }
-      for (int i = 1; i < nblocks; ++i) {
-        float s[NT][4];
-        mbar_wait(&k_full[i % S], full_parity(i));
-        mbar_wait(&v_full[(i - 1) % S], full_parity(i - 1));
+      const Mask mk(p, sq);
+      const int row_w = m0 + c * 64 + wl * 16;  // first query row of this warp (within the sequence)
+      OnlineSoftmax<NT> sm;
+      sm.init(sigma, lane);
+      float acc[NO][4];
+      zero_acc(acc);
+
+      if (nblocks > 0) {
+        mbar_wait(q_full, qi & 1);
+
+        auto issue_s = [&](float (&s)[NT][4], int k_it) {
+          const T* k_cur = sK + (k_it % S) * BN * HD;
+#pragma unroll
+          for (int kk = 0; kk < HD / 16; ++kk)
+            Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
+          wgmma_commit();
+        };
+        auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
+          const T* v_cur = sV + (v_it % S) * BN * HD;
+#pragma unroll
+          for (int kc = 0; kc < BN / 16; ++kc)
+            Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
+          wgmma_commit();
+        };
+        auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
+          const int j0 = (nb_lo + i) * BN;
+          const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
+          const bool fold = !need_mask && p.scale_log2 > 0.f;
+          if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
+          sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
+        };
+        auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
+#pragma unroll
+          for (int kc = 0; kc < BN / 16; ++kc) {
+            ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+            ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+            ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+          }
+        };
+
+        uint32_t ap[BN / 16][4];
+        {
+          float s[NT][4];
+          mbar_wait(&k_full[it % S], full_parity(it));
+          my_turn();
+          wgmma_fence();
+          issue_s(s, it);
+          pass_turn();
+          wgmma_wait<0>();
+          fence_acc(s);
+          release(&k_empty[it % S]);
+          float alpha[2];
+          softmax(s, alpha, 0);  // O = 0: alpha not needed
+          pack_p(s, ap);
+        }
+        for (int i = 1; i < nblocks; ++i) {
+          const int cur = it + i, prev = it + i - 1;
+          float s[NT][4];
+          mbar_wait(&k_full[cur % S], full_parity(cur));
+          mbar_wait(&v_full[prev % S], full_parity(prev));
+          my_turn();
+          wgmma_fence();
+          issue_s(s, cur);
+          issue_pv(ap, prev);
+          pass_turn();
+          wgmma_wait<1>();
+          fence_acc(s);
+          release(&k_empty[cur % S]);
+          float alpha[2];
+          softmax(s, alpha, i);
+          wgmma_wait<0>();
+          fence_acc(acc);
+          release(&v_empty[prev % S]);
+          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int o = 0; o < NO; ++o) {
+              acc[o][0] *= alpha[0];
+              acc[o][1] *= alpha[0];
+              acc[o][2] *= alpha[1];
+              acc[o][3] *= alpha[1];
+            }
+          }
+          pack_p(s, ap);
+        }
+        const int last = it + nblocks - 1;
+        mbar_wait(&v_full[last % S], full_parity(last));
         my_turn();
         wgmma_fence();
-        issue_s(s, i);
-        issue_pv(ap, i - 1);
+        issue_pv(ap, last);
         pass_turn();
-        wgmma_wait<1>();
-        fence_acc(s);
-        release(&k_empty[i % S]);
-        float alpha[2];
-        softmax(s, alpha, i);
         wgmma_wait<0>();
         fence_acc(acc);
-        release(&v_empty[(i - 1) % S]);
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-  #pragma unroll
-          for (int o = 0; o < NO; ++o) {
-            acc[o][0] *= alpha[0];
-            acc[o][1] *= alpha[0];
-            acc[o][2] *= alpha[1];
-            acc[o][3] *= alpha[1];
-          }
-        }
-        pack_p(s, ap);
+        release(&v_empty[last % S]);
+        release(q_empty);  // every wgmma of this tile that reads Q has retired
+        it += nblocks;
+        ++qi;
       }
-      mbar_wait(&v_full[(nblocks - 1) % S], full_parity(nblocks - 1));
-      my_turn();
-      wgmma_fence();
-      issue_pv(ap, nblocks - 1);
-      pass_turn();
-      wgmma_wait<0>();
-      fence_acc(acc);
-      release(&v_empty[(nblocks - 1) % S]);
-      if (c == 0) my_turn();  // the last consumer's final pass_turn: every named-barrier phase completes
-    }
 
-    // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a dense
-    // batch get exact zeros.
-    fwd_store_rows<T>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
+      // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a
+      // dense batch get exact zeros.
+      fwd_store_rows<T>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
+    }
+    if (c == 0) named_bar_sync(1, 256);
   }
 #endif
 }
