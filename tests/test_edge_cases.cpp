@@ -541,7 +541,7 @@ void off_by_one_definition(const json& j, Problem&) {
 }
 
 void sink_gradient_large_batch(const json&, Problem& pb) {
-  const ref::Result r = pb.reference(true);
+  const ref::Result r = pb.judges(true).ref64;  // D from the out the backward was fed
   EXPECT_LE(ref::relative_error(pb.d_sinks.read(), r.d_sinks), 1e-2);
 }
 

@@ -213,6 +213,10 @@ struct Config {
   Layout layout = Layout::kBSHD;
   uint64_t data_seed = 1;
   double q_scale = 1.0;  // multiplies q (larger logits)
+  // kVarlen: rows after cu_seqlens_q[b] / cu_seqlens_kv[b] in every packed tensor (SPEC.md section 1: outside the
+  // call). Inputs hold NaN there; outputs hold `tail_fill` there before every call (after the NaN poison).
+  int64_t tail_q = 0, tail_kv = 0;
+  double tail_fill = 7.0;
 
   std::string describe() const {
     std::ostringstream s;
@@ -244,7 +248,8 @@ class Problem {
   HostTensor qkv_buffer, kv_buffer;  // packed layouts
   sinkattn_params_t p{};
   Workspace ws;
-  int64_t total_q = 0, total_kv = 0;
+  int64_t total_q = 0, total_kv = 0;  // rows of the packed tensors (varlen: with cfg.tail_q / tail_kv)
+  int64_t used_q = 0, used_kv = 0;    // varlen: rows that belong to a sequence (cu_seqlens[b])
 
   explicit Problem(const Config& c) : cfg(c) { build(); }
 
@@ -277,10 +282,28 @@ class Problem {
     return n * cfg.s_kv + j;
   }
 
+  // Rows [used, total) of a packed (varlen) tensor: outside the call. `lse_like`: [h_q, total] tensors.
+  void fill_tail(const HostTensor& t, bool kv, double value, bool lse_like = false) const {
+    if (!varlen() || !t.present()) return;
+    const int64_t used = kv ? used_kv : used_q;
+    ref::Array a = t.read();
+    const int64_t rows = lse_like ? a.shape[1] : a.shape[0];
+    const int64_t width = lse_like ? 1 : a.shape[1] * a.shape[2];
+    for (int64_t outer = 0; outer < (lse_like ? a.shape[0] : 1); ++outer)
+      for (int64_t r = used; r < rows; ++r)
+        for (int64_t x = 0; x < width; ++x) a.data[(outer * rows + r) * width + x] = value;
+    t.write(a);
+  }
+  bool has_tail() const { return varlen() && (cfg.tail_q > 0 || cfg.tail_kv > 0); }
+
   void poison_forward_outputs() {
     out.poison();
     lse.poison();
     if (rng_state.present()) rng_state.poison();
+    if (has_tail()) {
+      fill_tail(out, false, cfg.tail_fill);
+      fill_tail(lse, false, cfg.tail_fill, true);
+    }
   }
   void poison_backward_outputs() {
     dq.poison();
@@ -288,6 +311,11 @@ class Problem {
     dv.poison();
     if (d_sinks.present()) d_sinks.poison();
     if (d_bias.present()) d_bias.poison();
+    if (has_tail()) {
+      fill_tail(dq, false, cfg.tail_fill);
+      fill_tail(dk, true, cfg.tail_fill);
+      fill_tail(dv, true, cfg.tail_fill);
+    }
   }
 
   // Runs the library forward: poisons outputs, sizes and poisons the workspace.
@@ -327,8 +355,14 @@ class Problem {
     return r;
   }
 
+  // A standalone evaluation of the call (D from the evaluation's own rounded out).
   ref::Result reference(bool backward, ref::Precision prec = ref::Precision::kFloat64) const {
     return ref::evaluate(p, backward, prec);
+  }
+  // The evaluations SPEC.md section 5 judges the library's results by. A backward is judged with D_i from the out
+  // it was given (p.out: what the library's forward wrote there, or what a test put there before backward()).
+  ref::References judges(bool backward) const {
+    return ref::references(p, backward, backward ? ref::DFrom::kGivenOut : ref::DFrom::kOwnOut);
   }
 
  private:
@@ -353,6 +387,10 @@ class Problem {
       }
       cfg.s_q = std::max<int64_t>(cfg.s_q, mq);
       cfg.s_kv = std::max<int64_t>(cfg.s_kv, mk);
+      used_q = total_q;
+      used_kv = total_kv;
+      total_q += c.tail_q;
+      total_kv += c.tail_kv;
     } else {
       total_q = b * c.s_q;
       total_kv = b * c.s_kv;
@@ -424,6 +462,13 @@ class Problem {
     if (c.d_lse) {
       d_lse = HostTensor::contiguous(SINKATTN_F32, ls);
       d_lse.write(random_array(rng, ls));
+    }
+    if (has_tail()) {  // inputs outside the call: NaN (they must not reach any output)
+      fill_tail(q, false, NAN);
+      fill_tail(k, true, NAN);
+      fill_tail(v, true, NAN);
+      fill_tail(d_out, false, NAN);
+      fill_tail(d_lse, false, NAN, true);
     }
 
     // ---- sinks: large values by default (SPEC.md section 5: log(s_kv) and 20) ----
@@ -526,8 +571,9 @@ inline std::string format_table(const std::vector<ref::ErrorRow>& rows) {
   return s.str();
 }
 
-// Runs forward (and backward) on the library and checks every output against the float64 reference with
-// SPEC.md section 5 tolerances. Returns the error table.
+// Runs forward (and backward, fed by that forward's out and softmax_lse) on the library and checks every output
+// against the float64 reference with SPEC.md section 5 tolerances (the backward with D from the out it was fed).
+// Returns the error table.
 inline std::vector<ref::ErrorRow> check_against_reference(Problem& pb, bool backward) {
   const sinkattn_status_t fs = pb.forward();
   EXPECT_EQ(fs, SINKATTN_OK) << sinkattn_last_error() << "\n" << pb.cfg.describe();
@@ -538,10 +584,7 @@ inline std::vector<ref::ErrorRow> check_against_reference(Problem& pb, bool back
     if (bs != SINKATTN_OK) return {};
   }
   const ref::Result act = pb.actual(backward);
-  const ref::Result r64 = pb.reference(backward);
-  ref::Result lowp;
-  if (pb.cfg.dtype != SINKATTN_F32) lowp = pb.reference(backward, ref::Precision::kPlainLowPrecision);
-  const auto rows = ref::error_table(act, r64, lowp, pb.cfg.dtype);
+  const auto rows = ref::error_table(act, pb.judges(backward), pb.cfg.dtype);
   bool all = true;
   for (const auto& r : rows) all = all && r.pass;
   EXPECT_TRUE(all) << pb.cfg.describe() << "\n" << format_table(rows);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: build (or reuse a carried build), run the GPU suite (edge cases + randomized
-# sweep against the CPU backend and the float64 reference), compute-sanitizer memcheck and racecheck on small
-# cases, determinism (inside the suite: bitwise repeats of deterministic calls), and the benchmarks
-# (sinkattn_gpu_bench, `sinkattn bench --backend cuda` when the command is built, bench/bench_torch.py), and,
-# with "python" in STEPS, tools/gpu-python-check.sh (the Python package built with CUDA: pytest + example).
+# sweep: the CUDA pipeline judged by SPEC.md section 5 against the float64 reference, the CPU backend on the
+# same inputs as extra evidence; its SUMMARY line ends with the worst err / tolerance per output),
+# compute-sanitizer memcheck and racecheck on small cases, determinism (inside the suite: bitwise repeats of
+# deterministic calls), and the benchmarks (sinkattn_gpu_bench, `sinkattn bench --backend cuda` when the command
+# is built, bench/bench_torch.py), and, with "python" in STEPS, tools/gpu-python-check.sh (the Python package
+# built with CUDA: pytest + example).
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
@@ -54,12 +56,14 @@ fi
 status=0
 if [[ " $STEPS " == *" suite "* ]]; then
   t0=$(date +%s)
-  timeout "${SUITE_TIMEOUT:-420}" "$SUITE" --cases tests/gpu/cases/edge-cases.json --sweep "$SWEEP" --seed "$SEED" \
-    >"$OUT/suite.log" 2>&1
+  timeout "${SUITE_TIMEOUT:-420}" "$SUITE" --cases tests/gpu/cases/edge-cases.json \
+    --cases tests/gpu/cases/edge-cases-sinkattn.json --sweep "$SWEEP" --seed "$SEED" >"$OUT/suite.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "suite: rc=$rc in $(($(date +%s) - t0)) s; $(grep -c '^FAIL' "$OUT/suite.log") failing; $(grep SUMMARY "$OUT/suite.log")"
   grep -E '^  (reject|dropout)' "$OUT/suite.log" | tee -a "$SUMMARY"
+  # Drift: per output, the worst err / tolerance of the CUDA pipeline and the configuration it came from.
+  sed -n '/^-- worst err/,/^SUMMARY/p' "$OUT/suite.log" | grep -v '^SUMMARY' | tee -a "$SUMMARY"
   grep -A6 '^FAIL' "$OUT/suite.log" | head -80 | tee -a "$SUMMARY"
   # A CUDA-vs-CPU mismatch alone does not say which backend is wrong: the suite then judges the call by the float64
   # reference itself (SPEC.md section 5; "cpu backend SPEC 5" lines blame the CPU side). To rerun one sweep

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <stdexcept>
 
@@ -112,7 +113,8 @@ struct Problem {
   int64_t b = 0, s_q = 0, s_kv = 0, h_q = 0, h_kv = 0, d = 0, d_v = 0, total_q = 0, total_kv = 0, group = 1;
   std::vector<int64_t> cu_q, cu_kv, len_q, len_kv;
   Array q, k, v, bias, d_out, d_lse;
-  bool has_bias = false, has_d_lse = false;
+  Array given_out;  // p.out, read for DFrom::kGivenOut (backward only)
+  bool has_bias = false, has_d_lse = false, d_from_given_out = false;
   sinkattn_dtype_t dtype = SINKATTN_F32, bias_dtype = SINKATTN_F32;
   std::vector<double> sigma;  // per query head
   double scale = 0;
@@ -128,14 +130,8 @@ struct Problem {
   int64_t lse_index(int64_t n, int64_t h, int64_t i) const {
     return varlen ? h * total_q + cu_q[n] + i : (n * h_q + h) * s_q + i;
   }
-  // SPEC.md section 2, masks: (wl < 0 or j >= i + off - wl) and (wr < 0 or j <= i + off + wr), j < len_kv.
-  bool visible(int64_t n, int64_t i, int64_t j) const {
-    if (j < 0 || j >= len_kv[n]) return false;
-    const int64_t off = bottom_right ? len_kv[n] - len_q[n] : 0;
-    if (wl >= 0 && j < i + off - wl) return false;
-    if (wr >= 0 && j > i + off + wr) return false;
-    return true;
-  }
+  // SPEC.md section 2, masks: the keys row i of sequence n sees.
+  KeyRange keys(int64_t n, int64_t i) const { return visible_keys(i, len_q[n], len_kv[n], wl, wr, bottom_right); }
   double bias_at(int64_t n, int64_t h, int64_t i, int64_t j) const {
     const auto& s = bias.shape;
     const int64_t nb = s[0] == 1 ? 0 : n, hb = s[1] == 1 ? 0 : h;
@@ -152,7 +148,7 @@ void require(bool ok, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("reference: ") + what);
 }
 
-Problem parse(const sinkattn_params_t& p, bool backward) {
+Problem parse(const sinkattn_params_t& p, bool backward, DFrom d_from) {
   Problem pr;
   require(present(p.q) && present(p.k) && present(p.v), "q, k, v are required");
   pr.varlen = present(p.cu_seqlens_q);
@@ -254,15 +250,23 @@ Problem parse(const sinkattn_params_t& p, bool backward) {
       pr.d_lse = read_tensor(p.d_lse);
       require(pr.d_lse.data.size() == static_cast<size_t>(pr.total_q * pr.h_q), "d_lse has the wrong size");
     }
+    if (d_from == DFrom::kGivenOut) {
+      require(present(p.out), "DFrom::kGivenOut needs p.out (the out the backward was given)");
+      pr.given_out = read_tensor(p.out);
+      require(pr.given_out.data.size() == static_cast<size_t>(pr.total_q * pr.h_q * pr.d_v), "out has the wrong size");
+      pr.d_from_given_out = true;
+    }
   }
   return pr;
 }
 
 // Evaluates in arithmetic type T. For Precision::kFloat64, T = double and nothing is rounded except the `out`
-// that D reads (the stored output has the dtype of q). For kPlainLowPrecision, T = float (scores, softmax and
-// accumulations in fp32) and every matrix product's result is rounded to the dtype of q, as an eager
-// framework does: P (and P * keep / (1 - p)) before P @ V, out, dP = d_out @ V^T, dS before dS @ K and
-// dS^T @ Q, dq, dk, dv; d_bias is rounded to the dtype of bias.
+// that D reads (the stored output has the dtype of q). For kPlainLowPrecision, T = float: the plain
+// low-precision implementation of SPEC.md section 5. Scores S, the softmax (LSE, P), dP = d_out @ V^T (times
+// keep / (1 - p)), D and dS = P (dP - D + d_lse) are fp32 (accumulations too); P (as P * keep / (1 - p)) is
+// rounded to the dtype of q before P @ V and P^T @ d_out, dS before dS @ K and dS^T @ Q; every output is rounded
+// to its dtype (out, dq, dk, dv: that of q; d_bias: that of bias; softmax_lse, d_sinks: fp32). D reads the
+// evaluation's own rounded out, or p.out (DFrom::kGivenOut).
 template <class T>
 Result run(const Problem& pr, bool backward, bool lowp) {
   auto rnd = [&](T x) -> T { return lowp ? static_cast<T>(round_to(pr.dtype, static_cast<double>(x))) : x; };
@@ -302,13 +306,12 @@ Result run(const Problem& pr, bool backward, bool lowp) {
 
   std::vector<T> S(static_cast<size_t>(std::max<int64_t>(pr.s_kv, 1)));
   std::vector<T> P(S.size()), Pd(S.size()), dS(S.size()), drop(S.size());
-  std::vector<char> vis(S.size());
   std::vector<T> out_row(static_cast<size_t>(pr.d_v));
 
   for (int64_t n = 0; n < pr.b; ++n) {
     const int64_t len_q = pr.len_q[n], len_kv = pr.len_kv[n];
     if (len_kv > static_cast<int64_t>(S.size())) {
-      S.resize(len_kv); P.resize(len_kv); Pd.resize(len_kv); dS.resize(len_kv); drop.resize(len_kv); vis.resize(len_kv);
+      S.resize(len_kv); P.resize(len_kv); Pd.resize(len_kv); dS.resize(len_kv); drop.resize(len_kv);
     }
     for (int64_t h = 0; h < pr.h_q; ++h) {
       const int64_t hk = h / pr.group;  // SPEC.md section 1: query head h reads KV head h / (h_q / h_kv)
@@ -316,11 +319,12 @@ Result run(const Problem& pr, bool backward, bool lowp) {
       for (int64_t i = 0; i < len_q; ++i) {  // padding rows (i >= len_q) keep out = 0, dq = 0
         const int64_t qr = pr.q_row(n, i);
         const double* qi = &pr.q.data[(qr * pr.h_q + h) * pr.d];
-        // S_ij = softmax_scale * dot(q_i, k_j) + bias_ij, -inf where masked (SPEC.md section 2).
+        // S_ij = softmax_scale * dot(q_i, k_j) + bias_ij, -inf where masked (SPEC.md section 2). Keys outside
+        // [kr.lo, kr.hi) are masked: every loop over j below only visits the visible range.
+        const KeyRange kr = pr.keys(n, i);
+        const int64_t j_lo = std::max<int64_t>(kr.lo, 0), j_hi = std::min<int64_t>(kr.hi, len_kv);
         T m = sigma;
-        for (int64_t j = 0; j < len_kv; ++j) {
-          vis[j] = pr.visible(n, i, j);
-          if (!vis[j]) { S[j] = neg_inf; continue; }
+        for (int64_t j = j_lo; j < j_hi; ++j) {
           const double* kj = &pr.k.data[(pr.kv_row(n, j) * pr.h_kv + hk) * pr.d];
           T dot = 0;
           for (int64_t c = 0; c < pr.d; ++c) dot += static_cast<T>(qi[c]) * static_cast<T>(kj[c]);
@@ -334,14 +338,13 @@ Result run(const Problem& pr, bool backward, bool lowp) {
           lse = neg_inf;
         } else {
           T l = std::exp(sigma - m);  // 0 for vanilla
-          for (int64_t j = 0; j < len_kv; ++j)
-            if (vis[j]) l += std::exp(S[j] - m);
+          for (int64_t j = j_lo; j < j_hi; ++j) l += std::exp(S[j] - m);
           lse = m + std::log(l);
         }
         r.softmax_lse.data[pr.lse_index(n, h, i)] = static_cast<double>(lse);
         // P_ij = exp(S_ij - LSE_i); out_i = sum_j P_ij * keep_ij / (1 - p) * v_j (the sink has no value).
-        for (int64_t j = 0; j < len_kv; ++j) {
-          P[j] = (vis[j] && lse != neg_inf) ? std::exp(S[j] - lse) : T(0);
+        for (int64_t j = j_lo; j < j_hi; ++j) {
+          P[j] = lse != neg_inf ? std::exp(S[j] - lse) : T(0);
           T keep = T(1);
           if (pr.p_drop > 0)
             keep = dropout_keep(pr.seed, pr.offset, n, h, i, j, pr.h_q, pr.s_q, pr.s_kv, pr.p_drop) ? keep_scale
@@ -351,8 +354,8 @@ Result run(const Problem& pr, bool backward, bool lowp) {
         }
         for (int64_t c = 0; c < pr.d_v; ++c) {
           T acc = 0;
-          for (int64_t j = 0; j < len_kv; ++j)
-            if (vis[j]) acc += Pd[j] * static_cast<T>(pr.v.data[(pr.kv_row(n, j) * pr.h_kv + hk) * pr.d_v + c]);
+          for (int64_t j = j_lo; j < j_hi; ++j)
+            acc += Pd[j] * static_cast<T>(pr.v.data[(pr.kv_row(n, j) * pr.h_kv + hk) * pr.d_v + c]);
           out_row[c] = rnd(acc);
           r.out.data[(qr * pr.h_q + h) * pr.d_v + c] = static_cast<double>(out_row[c]);
         }
@@ -361,19 +364,20 @@ Result run(const Problem& pr, bool backward, bool lowp) {
         // ---- backward, SPEC.md section 3 ----
         const double* doi = &pr.d_out.data[(qr * pr.h_q + h) * pr.d_v];
         const T dlse = pr.has_d_lse ? static_cast<T>(pr.d_lse.data[pr.lse_index(n, h, i)]) : T(0);
-        // D_i = dot(d_out_i, out_i) from the stored (rounded to the dtype of q) output.
+        // D_i = dot(d_out_i, out_i) from the stored (rounded to the dtype of q) output: the evaluation's own, or
+        // the out the backward was given (DFrom::kGivenOut).
         T D = 0;
+        const double* given = pr.d_from_given_out ? &pr.given_out.data[(qr * pr.h_q + h) * pr.d_v] : nullptr;
         for (int64_t c = 0; c < pr.d_v; ++c)
-          D += static_cast<T>(doi[c]) * static_cast<T>(round_to(pr.dtype, static_cast<double>(out_row[c])));
-        // d_sinks[h] += P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma - LSE_i) (kept for learnable only). A row
-        // with LSE = -inf saw no key under a -inf sink: P_sink = 1 there, the limit of a finite sink going to -inf
-        // (SPEC.md section 3, "Sink values"); with keys, exp(-inf - LSE) = 0.
-        {
-          const T p_sink = lse == neg_inf ? T(1) : std::exp(sigma - lse);
-          dsinks_acc[h] += static_cast<double>(p_sink * (dlse - D));
-        }
-        for (int64_t j = 0; j < len_kv; ++j) {
-          if (!vis[j] || P[j] == T(0)) {
+          D += static_cast<T>(doi[c]) *
+               static_cast<T>(given ? given[c] : round_to(pr.dtype, static_cast<double>(out_row[c])));
+        // d_sinks[h] += P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma - LSE_i) (learnable only). A row that
+        // sees no key under a -inf sink has LSE = -inf and P_sink = 1, the limit of a finite sigma -> -inf
+        // (SPEC.md section 3, "Sink values"); rows with keys then have P_sink = exp(-inf) = 0.
+        const T p_sink = (sigma == neg_inf && lse == neg_inf) ? T(1) : std::exp(sigma - lse);
+        dsinks_acc[h] += static_cast<double>(p_sink * (dlse - D));
+        for (int64_t j = j_lo; j < j_hi; ++j) {
+          if (P[j] == T(0)) {
             // P_ij = 0: dS_ij = 0 and nothing flows to dk_j, dv_j (never multiply a NaN by 0).
             dS[j] = 0;
             continue;
@@ -381,8 +385,8 @@ Result run(const Problem& pr, bool backward, bool lowp) {
           const double* vj = &pr.v.data[(pr.kv_row(n, j) * pr.h_kv + hk) * pr.d_v];
           T dot = 0;
           for (int64_t c = 0; c < pr.d_v; ++c) dot += static_cast<T>(doi[c]) * static_cast<T>(vj[c]);
-          // dP_ij = dot(d_out_i, v_j) * keep_ij / (1 - p)
-          const T dP = rnd(dot) * drop[j];
+          // dP_ij = dot(d_out_i, v_j) * keep_ij / (1 - p), in T (fp32 in the plain low-precision evaluation)
+          const T dP = dot * drop[j];
           // dv_j += P_ij * keep_ij / (1 - p) * d_out_i
           T* dvj = &dv_acc[(pr.kv_row(n, j) * pr.h_kv + hk) * pr.d_v];
           for (int64_t c = 0; c < pr.d_v; ++c) dvj[c] += Pd[j] * static_cast<T>(doi[c]);
@@ -393,11 +397,11 @@ Result run(const Problem& pr, bool backward, bool lowp) {
         }
         // dq_i = softmax_scale * sum_j dS_ij k_j ; dk_j += softmax_scale * dS_ij q_i
         T* dqi = &dq_acc[(qr * pr.h_q + h) * pr.d];
-        for (int64_t j = 0; j < len_kv; ++j) {
+        for (int64_t j = j_lo; j < j_hi; ++j) {
           if (dS[j] == T(0)) continue;
-          const int64_t kr = pr.kv_row(n, j);
-          const double* kj = &pr.k.data[(kr * pr.h_kv + hk) * pr.d];
-          T* dkj = &dk_acc[(kr * pr.h_kv + hk) * pr.d];
+          const int64_t krow = pr.kv_row(n, j);
+          const double* kj = &pr.k.data[(krow * pr.h_kv + hk) * pr.d];
+          T* dkj = &dk_acc[(krow * pr.h_kv + hk) * pr.d];
           for (int64_t c = 0; c < pr.d; ++c) {
             dqi[c] += dS[j] * static_cast<T>(kj[c]);
             dkj[c] += dS[j] * static_cast<T>(qi[c]);
@@ -544,10 +548,39 @@ void write_tensor(const sinkattn_tensor_t& t, const Array& a) {
 }
 
 // ---- evaluation ----
-Result evaluate(const sinkattn_params_t& p, bool backward, Precision precision) {
-  const Problem pr = parse(p, backward);
-  Result r = precision == Precision::kFloat64 ? run<double>(pr, backward, false) : run<float>(pr, backward, true);
+Result evaluate(const sinkattn_params_t& p, bool backward, const Options& options) {
+  const Problem pr = parse(p, backward, options.d_from);
+  Result r = options.precision == Precision::kFloat64 ? run<double>(pr, backward, false)
+                                                      : run<float>(pr, backward, true);
   if (!(backward && p.softmax_type == SINKATTN_SOFTMAX_LEARNABLE)) r.d_sinks = Array{};
+  return r;
+}
+
+References references(const sinkattn_params_t& p, bool backward, DFrom d_from) {
+  References r;
+  std::future<Result> lowp;
+  if (p.q.dtype != SINKATTN_F32)
+    lowp = std::async(std::launch::async, [&] {
+      return evaluate(p, backward, Options{Precision::kPlainLowPrecision, d_from});
+    });
+  try {
+    r.ref64 = evaluate(p, backward, Options{Precision::kFloat64, d_from});
+  } catch (...) {
+    if (lowp.valid()) lowp.wait();
+    throw;
+  }
+  if (lowp.valid()) r.lowp = lowp.get();
+  return r;
+}
+
+KeyRange visible_keys(int64_t i, int64_t len_q, int64_t len_kv, int64_t window_left, int64_t window_right,
+                      bool bottom_right) {
+  // Key j is visible iff (wl < 0 or j >= i + off - wl) and (wr < 0 or j <= i + off + wr), 0 <= j < len_kv, with
+  // off = len_kv - len_q (bottom_right) or 0 (top_left).
+  const int64_t off = bottom_right ? len_kv - len_q : 0;
+  KeyRange r{0, len_kv};
+  if (window_left >= 0) r.lo = std::max<int64_t>(r.lo, i + off - window_left);
+  if (window_right >= 0) r.hi = std::min<int64_t>(r.hi, i + off + window_right + 1);
   return r;
 }
 
@@ -599,7 +632,16 @@ std::vector<ErrorRow> error_table(const Result& actual, const Result& ref64, con
       row.tolerance = it.gradient ? 1e-4 : 1e-5;
     } else {
       const Array& l = lowp.*(it.field);
-      row.lowp_err = (l.empty() || r.empty()) ? kInf : relative_error(l, r);
+      if (l.empty() || r.empty() || l.data.size() != r.data.size()) {
+        row.lowp_err = kInf;
+      } else {
+        // Unspecified positions (NaN in the float64 reference) are unspecified in the low-precision evaluation
+        // too: not part of its error.
+        Array specified = l;
+        for (size_t x = 0; x < r.data.size(); ++x)
+          if (std::isnan(r.data[x])) specified.data[x] = 0;
+        row.lowp_err = relative_error(specified, r);
+      }
       row.tolerance = 2 * row.lowp_err + 1e-3;
     }
     row.pass = row.err <= row.tolerance;

@@ -3,8 +3,10 @@
 //
 // The reference reads a sinkattn_params_t whose tensors live in host memory (any dtype, any strides) and
 // evaluates the formulas of SPEC.md directly, one (sequence, head, row) at a time, in float64 (or, with
-// Precision::kPlainLowPrecision, the "plain low-precision implementation" of SPEC.md section 5: scores and
-// softmax in fp32, products rounded to the input dtype, as frameworks do eagerly).
+// Precision::kPlainLowPrecision, the "plain low-precision implementation" of SPEC.md section 5 that sets the
+// budget of a low-precision backend: scores, softmax and dP in fp32; P and dS rounded to the input dtype before
+// their products; every output rounded to its dtype; D from its own rounded out, or from the out the backward
+// was given, see DFrom).
 //
 // It includes nothing from src/ and calls no library function: Philox4x32-10 and the fp16/bf16 conversions
 // are written out here again, on purpose, so that the library is checked against an independent copy.
@@ -19,6 +21,18 @@
 namespace sinkattn::ref {
 
 enum class Precision { kFloat64, kPlainLowPrecision };
+
+// Which `out` the backward's D_i = dot(d_out_i, out_i) reads (SPEC.md sections 3 and 5).
+enum class DFrom {
+  kOwnOut,    // the evaluation's own out, rounded to the dtype of q: a standalone evaluation of the call
+  kGivenOut,  // p.out, the out tensor the backward under test was given (a backend's forward output): how a
+              // backward is judged (SPEC.md section 5, "with D_i from the out the backward was given")
+};
+
+struct Options {
+  Precision precision = Precision::kFloat64;
+  DFrom d_from = DFrom::kOwnOut;
+};
 
 // A dense row-major array with the logical shape of the library tensor it stands for
 // (for example out: [b, s_q, h_q, d_v] dense or [total_q, h_q, d_v] varlen; softmax_lse [b, h_q, s_q] or
@@ -41,10 +55,23 @@ struct Result {
 // Evaluates the forward (and, if `backward`, the backward with p.d_out and optional p.d_lse) for the call
 // described by `p`. Uses p.softmax_type, softmax_scale (NaN = 1/sqrt(d)), windows, alignment, bias, batch
 // tensors, dropout (keep mask from SPEC.md's Philox function, seed/offset from p.seed / p.offset), exactly as
-// SPEC.md says. Output pointers in `p` are ignored. Throws std::invalid_argument on inputs it cannot read.
-// Backward: D_i = dot(d_out_i, out_i) uses the reference's own out rounded to the dtype of q (SPEC.md
-// section 3: "D_i is computed from the stored, rounded output").
-Result evaluate(const sinkattn_params_t& p, bool backward, Precision precision = Precision::kFloat64);
+// SPEC.md says. Output pointers in `p` are ignored, except p.out with DFrom::kGivenOut (then read, host memory,
+// rows that belong to a sequence only). Throws std::invalid_argument on inputs it cannot read.
+// Backward: D_i = dot(d_out_i, out_i) in the evaluation's arithmetic, with out from options.d_from (kOwnOut:
+// the evaluation's own out rounded to the dtype of q, SPEC.md section 3's "stored, rounded output").
+// Sinks (SPEC.md section 3, "Sink values"): a -inf sink is vanilla in the forward; in the backward a row of that
+// head that sees no key has P_sink = 1 and adds d_lse_i to d_sinks[h]. NaN / +inf sinks give NaN for that head.
+Result evaluate(const sinkattn_params_t& p, bool backward, const Options& options);
+inline Result evaluate(const sinkattn_params_t& p, bool backward, Precision precision = Precision::kFloat64) {
+  return evaluate(p, backward, Options{precision, DFrom::kOwnOut});
+}
+
+// The evaluations SPEC.md section 5 judges a backend's results by: float64 and, for fp16 / bf16 inputs, the plain
+// low-precision implementation (empty for fp32), both with D from `d_from` (the two run concurrently).
+struct References {
+  Result ref64, lowp;
+};
+References references(const sinkattn_params_t& p, bool backward, DFrom d_from);
 
 // Reads a strided host tensor (any dtype) into a dense float64 array of its logical shape.
 Array read_tensor(const sinkattn_tensor_t& t);
@@ -69,8 +96,21 @@ struct ErrorRow {
 
 // Builds the error table for every output present in `actual` (outputs of the backend, read with
 // read_tensor), against `ref64` (Precision::kFloat64) and `lowp` (Precision::kPlainLowPrecision, ignored for
-// fp32 inputs). `dtype` is the input dtype of q.
+// fp32 inputs). `dtype` is the input dtype of q. Positions the float64 reference leaves unspecified (NaN) are
+// skipped in lowp_err (the low-precision evaluation leaves them unspecified too).
 std::vector<ErrorRow> error_table(const Result& actual, const Result& ref64, const Result& lowp, sinkattn_dtype_t dtype);
+inline std::vector<ErrorRow> error_table(const Result& actual, const References& refs, sinkattn_dtype_t dtype) {
+  return error_table(actual, refs.ref64, refs.lowp, dtype);
+}
+
+// SPEC.md section 2's mask for query row i of a sequence with len_q rows and len_kv keys: the visible keys are
+// [lo, hi) (lo >= hi: the row sees no key). window_left / window_right < 0: unbounded.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+  bool empty() const { return lo >= hi; }
+};
+KeyRange visible_keys(int64_t i, int64_t len_q, int64_t len_kv, int64_t window_left, int64_t window_right,
+                      bool bottom_right);
 
 // ---- independent building blocks (exposed for the tests) ----
 

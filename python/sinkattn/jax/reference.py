@@ -111,8 +111,8 @@ _PLAIN = [None]  # plain_low_precision(): the dtype whose rounding the reference
 
 class plain_low_precision:
     """Context manager (for tests): the reference becomes SPEC.md section 5's "plain low-precision implementation"
-    of ``dtype``: scores and softmax in the compute dtype (fp32), but the operands and results of the two products
-    rounded to ``dtype`` as frameworks do eagerly: q.k and its cotangent (dS), P and its cotangent (dP), and out."""
+    of ``dtype``: scores, softmax and dP in the compute dtype (fp32); P and dS rounded to ``dtype`` before their
+    products (P V, and dS K / dS^T Q), and every output rounded to it."""
 
     def __init__(self, dtype):
         self.dtype = dtype
@@ -125,12 +125,21 @@ class plain_low_precision:
 
 
 def _rounding(dtype):
+    """(round_fwd, round_bwd): round_fwd rounds a value to ``dtype`` and passes its cotangent unchanged (P, out);
+    round_bwd is the identity whose cotangent is rounded to ``dtype`` (dS, at the scores)."""
+
     @jax.custom_vjp
-    def rnd(x):
+    def round_fwd(x):
         return x.astype(dtype).astype(x.dtype)
 
-    rnd.defvjp(lambda x: (rnd(x), None), lambda _, g: (g.astype(dtype).astype(g.dtype),))
-    return rnd
+    round_fwd.defvjp(lambda x: (round_fwd(x), None), lambda _, g: (g,))
+
+    @jax.custom_vjp
+    def round_bwd(x):
+        return x
+
+    round_bwd.defvjp(lambda x: (x, None), lambda _, g: (g.astype(dtype).astype(g.dtype),))
+    return round_fwd, round_bwd
 
 
 def resolve_softmax_type(softmax_type, sinks) -> str:
@@ -268,8 +277,10 @@ def dot_product_attention(
 
     # S_ij = softmax_scale * dot(q_i, k_j) + bias_ij; query head h = kv_head * g + group member.
     qg = q.reshape(b, t, h_kv, g, d)
-    rnd = (lambda x: x) if _PLAIN[0] is None else _rounding(_PLAIN[0])
-    scores = rnd(jnp.einsum("btkgd,bskd->bkgts", qg, k)) * jnp.asarray(softmax_scale, dt)
+    ident = lambda x: x  # noqa: E731
+    round_fwd, round_bwd = (ident, ident) if _PLAIN[0] is None else _rounding(_PLAIN[0])
+    # the cotangent here is dS_ij (before the scale): rounded before dq = scale dS K, dk = scale dS^T Q
+    scores = round_bwd(jnp.einsum("btkgd,bskd->bkgts", qg, k) * jnp.asarray(softmax_scale, dt))
     if bias is not None:
         bb = jnp.asarray(bias)
         bb = bb.reshape((1,) * (4 - bb.ndim) + bb.shape)
@@ -307,7 +318,7 @@ def dot_product_attention(
                             jnp.maximum(pos_k, 0)[:, None, None, None, :], h_q, max_s_q, max_s_kv, dropout_rate)
         prob = jnp.where(keep, prob / (1.0 - dropout_rate), 0)
 
-    out = rnd(jnp.einsum("bkgts,bskd->btkgd", rnd(prob), v)).reshape(b, t, h_q, v.shape[-1])
+    out = round_fwd(jnp.einsum("bkgts,bskd->btkgd", round_fwd(prob), v)).reshape(b, t, h_q, v.shape[-1])
     out = jnp.where(valid_q[:, :, None, None], out, 0).astype(dt)  # padding rows: out = 0
     lse = lse.reshape(b, h_q, t)
     if varlen or jnp.asarray(query).ndim == 3:
