@@ -59,7 +59,8 @@ def _parse_args(argv=None):
 
 ARGS = _parse_args()
 if not ARGS.no_lhs and "xla_gpu_enable_latency_hiding_scheduler" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_latency_hiding_scheduler=true").strip()
+    _lhs = "--xla_gpu_enable_latency_hiding_scheduler=true"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _lhs).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -20,7 +20,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
-note "gpu-cp-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none); $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s); NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+note "gpu-cp-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none);" \
+  "$(nvidia-smi -L 2>/dev/null | wc -l) GPU(s); NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
 . tools/gpu-py-site.sh
 sinkattn_site reuse || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -31,8 +32,9 @@ status=0
 STEPS=${CP_STEPS:-pytest bench}
 if [[ " $STEPS " == *" pytest "* ]]; then
   t0=$(date +%s)
-  (cd /tmp && timeout "${PYTEST_TIMEOUT:-420}" $PY -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python/test_ring.py" \
-    "$OLDPWD/tests/python/test_ulysses.py" "$OLDPWD/tests/python/test_sharding.py") >"$OUT/cp_pytest.log" 2>&1
+  T=$PWD/tests/python
+  (cd /tmp && timeout "${PYTEST_TIMEOUT:-420}" $PY -m pytest -q -p no:cacheprovider "$T/test_ring.py" \
+    "$T/test_ulysses.py" "$T/test_sharding.py") >"$OUT/cp_pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "context-parallel pytest (GPU): rc=$rc in $(($(date +%s) - t0)) s; $(tail -1 "$OUT/cp_pytest.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/cp_pytest.log" | head -30 | tee -a "$SUMMARY"

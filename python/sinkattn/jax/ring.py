@@ -413,7 +413,7 @@ def _band_backward(plan, axis_name, q, k, v, fetched, out, lse, d_out, d_lse):
 # full / causal / zig-zag: the ring of p steps
 # ----------------------------------------------------------------------------------------------------------------
 def _chain_step_forward(plan, t, r, q, kt, vt):
-    """[(slot or None for the whole block, query rows, out, lse)] of step t (the block from device r - t)."""
+    """[(local query slot or None for the whole block, out, lse)] of step t (the block from device r - t)."""
     if plan.mode == "full":
         return [(None, *_fwd(plan, q, kt, vt, {}))]
     if t == 0:
