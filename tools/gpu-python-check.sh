@@ -12,18 +12,8 @@ SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
 # SITE_DIR: a package already installed with `pip install --target SITE_DIR .` (for example built on a machine
 # without a GPU and carried here); otherwise the package is built and installed here into /tmp/sinkattn-site.
-if [ -n "${SITE_DIR:-}" ] && [ -d "$SITE_DIR/sinkattn" ]; then
-  SITE=$(cd "$SITE_DIR" && pwd)
-  note "python package: using the prebuilt install in $SITE_DIR"
-else
-  SITE=/tmp/sinkattn-site
-  t0=$(date +%s)
-  $PY -m pip install -q --no-build-isolation --no-deps --target "$SITE" . \
-    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >"$OUT/py_install.log" 2>&1
-  rc=$?
-  note "python package install (CUDA): rc=$rc in $(($(date +%s) - t0)) s"
-  [ $rc -eq 0 ] || { tail -30 "$OUT/py_install.log"; exit 1; }
-fi
+. tools/gpu-py-site.sh
+sinkattn_site || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 status=0
 if [[ " ${PY_STEPS:-pytest example bench} " == *" pytest "* ]]; then

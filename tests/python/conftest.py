@@ -1,11 +1,15 @@
 """pytest setup for the Python tests: 8 virtual CPU devices (CI: XLA_FLAGS=--xla_force_host_platform_device_count=8),
-set before JAX is imported anywhere."""
+set before JAX is imported anywhere. On GPUs: XLA's latency-hiding scheduler on (test_ring.py checks that the ring's
+transfers overlap its fused calls, which needs it) and NVLink multicast off (NCCL_NVLS_ENABLE=0, as the multi-GPU
+machines require) unless set otherwise."""
 
 import os
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+for _name, _flag in (("xla_force_host_platform_device_count", "--xla_force_host_platform_device_count=8"),
+                     ("xla_gpu_enable_latency_hiding_scheduler", "--xla_gpu_enable_latency_hiding_scheduler=true")):
+    if _name not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import math  # noqa: E402
 

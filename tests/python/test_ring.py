@@ -1,11 +1,12 @@
 """Context-parallel ring attention (sinkattn.jax.ring) == the fused op on one device: values and gradients
 (dq, dk, dv, d_sinks, through out and lse), for every softmax type, non-causal, causal (contiguous and zig-zag
-layouts) and sliding windows, GQA, combined with batch/head sharding. Random inputs, sinks log(S) and 20, every
-fused call's outputs pre-filled with NaN (poison_outputs_for_testing), SPEC.md section 5 error measure and fp32
-tolerances (1e-5 out/lse, 1e-4 gradients). Runs on the 8 virtual CPU devices of conftest.py (or the GPUs)."""
+layouts) and sliding windows (both layouts: the band schedule), GQA, on meshes of 2, 4 and 8 devices and combined
+with batch/head sharding. Random inputs, sinks log(S) and 20, every fused call's outputs pre-filled with NaN
+(poison_outputs_for_testing), SPEC.md section 5 error measure and fp32 tolerances (1e-5 out/lse, 1e-4 gradients).
+Also: the static schedule (a sliding window skips the ring steps it cannot see, in communication and compute), and
+the compiled HLO (no all-gather; the key/value transfers do not wait for the fused calls, and on a GPU they run as
+asynchronous collective-permutes around them). Runs on the 8 virtual CPU devices of conftest.py (or the GPUs)."""
 
-import math
-import os
 import zlib
 
 import jax
@@ -16,41 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import sinkattn.jax as sj
 from sinkattn.jax import ring
-from conftest import enable_x64, make_mesh, rel_err
-
-TOL = {"out": 1e-5, "lse": 1e-5, "grad": 1e-4}  # SPEC.md section 5, fp32
-# The CUDA backend runs fp16/bf16 (fp32 is the CPU backend's): on a GPU the cases run in bf16 and are judged by
-# SPEC.md section 5's low-precision rule against float64 (see _compare_low_precision); on the CPU in fp32.
-ON_GPU = jax.default_backend() == "gpu"
-DT = jnp.bfloat16 if ON_GPU or os.environ.get("SINKATTN_TEST_BF16") else jnp.float32
-
-
-
-
-def _inputs(B, T, N, K, H, seed):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, T, N, H)).astype(np.float32)
-    k = rng.standard_normal((B, T, K, H)).astype(np.float32)
-    v = rng.standard_normal((B, T, K, H)).astype(np.float32)
-    sinks = np.array([math.log(T), 20.0] + list(rng.uniform(-1, 3, N - 2)), np.float32)[:N]
-    g = rng.standard_normal((B, T, N, H)).astype(np.float32)
-    g_lse = rng.standard_normal((B, N, T)).astype(np.float32)
-    rnd = lambda x: jnp.asarray(x, DT)  # inputs (and the out cotangent) in the run dtype
-    return rnd(q), rnd(k), rnd(v), sinks, rnd(g), g_lse
-
-
-def _loss(out, lse, g, g_lse):
-    # d_lse path: the loss reads the LSE too (finite rows only: vanilla rows that see no key have lse = -inf)
-    return jnp.sum(out.astype(jnp.float32) * g) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * g_lse)
-
-
-def _single(q, k, v, sinks, g, g_lse, **kw):
-    def f(q, k, v, s):
-        out, lse = sj.dot_product_attention(q, k, v, sinks=s, mask_alignment="top_left", return_lse=True, **kw)
-        return _loss(out, lse, g, g_lse), (out, lse)
-
-    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, sinks)
-    return out, lse, grads
+from sinkattn.jax.attention import attention_backward
+from conftest import make_mesh
+from cp_util import DT, ON_GPU, check, check_float64, hlo_computations, inputs, loss, runs_custom_call
 
 
 def _ring(mesh, q, k, v, sinks, g, g_lse, layout, batch_axes=None, head_axis=None, **kw):
@@ -68,7 +37,7 @@ def _ring(mesh, q, k, v, sinks, g, g_lse, layout, batch_axes=None, head_axis=Non
         out, lse = ring.ring_dot_product_attention(q, k, v, mesh=mesh, seq_axis="cp", batch_axes=batch_axes,
                                                    head_axis=head_axis, sinks=s, layout=layout, return_lse=True,
                                                    **kw)
-        return _loss(out, lse, g, g_lse), (out, lse)
+        return loss(out, lse, g, g_lse), (out, lse)
 
     step = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True))
     with sj.poison_outputs_for_testing():
@@ -77,89 +46,8 @@ def _ring(mesh, q, k, v, sinks, g, g_lse, layout, batch_axes=None, head_axis=Non
     return unperm(out), unperm(lse, 2), (unperm(dq), unperm(dk), unperm(dv), ds), hlo
 
 
-def _float64(q, k, v, sinks, g, g_lse, **kw):
-    """The pure-JAX reference of SPEC.md in float64 on the same (rounded) inputs: out, lse, grads."""
-    with enable_x64():
-        f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))
-
-        def f(q, k, v, s):
-            out, lse = sj.reference.dot_product_attention(q, k, v, sinks=s, mask_alignment="top_left",
-                                                          return_lse=True, **kw)
-            return _loss(out, lse, f64(g), f64(g_lse)), (out, lse)
-
-        (_, (out, lse)), grads = jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(
-            f64(q), f64(k), f64(v), f64(sinks))
-        return np.asarray(out), np.asarray(lse), [np.asarray(x) for x in grads]
-
-
-def _plain_low_precision(q, k, v, sinks, g, g_lse, softmax_type, is_causal=False, local_window_size=None):
-    """SPEC.md section 5's plain low-precision implementation: scores and softmax (with the sink) in fp32 on the
-    rounded inputs, probabilities rounded to the input dtype before P V, out and gradients rounded to it."""
-    B, T, N, Hd = q.shape
-    K = k.shape[2]
-    i, j = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
-    vis = jnp.ones((T, T), bool)
-    if is_causal or local_window_size is not None:
-        vis = j <= i
-    if local_window_size is not None:
-        vis &= j >= i - local_window_size[0]
-
-    def f(q, k, v, s):
-        kk, vv = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
-        sc = jnp.einsum("btnh,bsnh->bnts", q, kk, preferred_element_type=jnp.float32) / math.sqrt(Hd)
-        sc = jnp.where(vis, sc, -jnp.inf)
-        sig = {"learnable": s, "off_by_one": jnp.zeros_like(s), "vanilla": jnp.full_like(s, -jnp.inf)}[softmax_type]
-        full = jnp.concatenate([sc, jnp.broadcast_to(sig[None, :, None, None], (B, N, T, 1))], -1)
-        lse = jax.nn.logsumexp(full, -1)
-        p = jnp.exp(sc - lse[..., None]).astype(q.dtype)
-        out = jnp.einsum("bnts,bsnh->btnh", p, vv, preferred_element_type=jnp.float32).astype(q.dtype)
-        return _loss(out, lse, g, g_lse), (out, lse)
-
-    with jax.default_matmul_precision("highest"):
-        (_, (out, lse)), grads = jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
-    # SPEC.md section 3's d_sinks with D_i = dot(d_out_i, out_i) of the stored (rounded) out:
-    # d_sinks[h] = sum_{n,i} exp(sigma_h - lse_i) (d_lse_i - D_i); the tolerance takes the larger of the two
-    d_rows = jnp.einsum("btnh,btnh->bnt", g.astype(jnp.float32), out.astype(jnp.float32))
-    d_sinks_rounded = jnp.sum(jnp.exp(sinks[None, :, None] - lse) * (g_lse - d_rows), axis=(0, 2))
-    return out, lse, list(grads) + [d_sinks_rounded]
-
-
-def _compare_low_precision(ref64, plain, ringed, softmax_type):
-    """SPEC.md section 5: err(ring) <= 2 * err(plain low-precision) + 1e-3, both against float64."""
-    out6, lse6, g6 = ref64
-    outp, lsep, gp = plain
-    out2, lse2, g2, _ = ringed
-    pairs = {"out": (out2, outp, out6), "lse": (lse2, lsep, lse6)}
-    for name, a, b, r in zip(("dq", "dk", "dv", "d_sinks"), g2, gp, g6):
-        if name != "d_sinks" or softmax_type == "learnable":
-            pairs[name] = (a, b, r)
-    for name, (a, b, r) in pairs.items():
-        tol = 2 * rel_err(np.asarray(b, np.float64), r) + 1e-3
-        if name == "d_sinks":  # the larger of the two plain d_sinks estimates (autodiff; D from the rounded out)
-            tol = max(tol, 2 * rel_err(np.asarray(gp[4], np.float64), r) + 1e-3)
-        e = rel_err(np.asarray(a, np.float64), r)
-        assert e <= tol, f"{name}: err {e:.3e} > {tol:.3e}"
-
-
-def _compare(single, ringed, softmax_type):
-    out1, lse1, g1 = single
-    out2, lse2, g2, _ = ringed
-    errs = {"out": rel_err(out2, out1), "lse": rel_err(lse2, lse1)}
-    for name, a, b in zip(("dq", "dk", "dv"), g2[:3], g1[:3]):
-        errs[name] = rel_err(a, b)
-    if softmax_type == "learnable":
-        errs["d_sinks"] = rel_err(g2[3], g1[3])
-        assert float(np.max(np.abs(np.asarray(g1[3])))) > 0.0
-    else:  # no gradient reaches the sinks
-        assert np.all(np.asarray(g2[3]) == 0.0)
-    for name, e in errs.items():
-        tol = TOL[name] if name in TOL else TOL["grad"]
-        assert e <= tol, f"{name}: err {e:.3e} > {tol:.0e} ({errs})"
-    return errs
-
-
 CASES = [
-    # (softmax_type, mask kwargs, layout, cp size)
+    # (softmax_type, mask kwargs, layout, cp size); T = 32
     ("learnable", dict(), "contiguous", 4),
     ("learnable", dict(is_causal=True), "contiguous", 4),
     ("learnable", dict(is_causal=True), "zigzag", 4),
@@ -169,9 +57,19 @@ CASES = [
     # sliding windows, local block C = 8: window inside one block, crossing into the previous one, two back
     ("learnable", dict(is_causal=True, local_window_size=(5, 0)), "contiguous", 4),
     ("learnable", dict(is_causal=True, local_window_size=(13, 0)), "contiguous", 4),
-    ("off_by_one", dict(is_causal=True, local_window_size=(127, 0)), "contiguous", 4),
+    ("off_by_one", dict(is_causal=True, local_window_size=(127, 0)), "contiguous", 4),  # covers all: causal ring
     ("learnable", dict(is_causal=True, local_window_size=(13, 0)), "contiguous", 2),
     ("learnable", dict(is_causal=True), "zigzag", 2),  # with the case above: what a 2-GPU machine runs
+    # 8 devices (local block 4)
+    ("learnable", dict(), "contiguous", 8),
+    ("learnable", dict(is_causal=True), "zigzag", 8),
+    ("vanilla", dict(is_causal=True), "contiguous", 8),
+    ("learnable", dict(is_causal=True, local_window_size=(5, 0)), "contiguous", 8),  # two blocks back
+    # sliding windows in the zig-zag layout (chunks of 16 / 4 / 2 rows): the band of each of the two local chunks
+    ("learnable", dict(is_causal=True, local_window_size=(9, 0)), "zigzag", 2),
+    ("off_by_one", dict(is_causal=True, local_window_size=(3, 0)), "zigzag", 4),
+    ("learnable", dict(is_causal=True, local_window_size=(6, 0)), "zigzag", 8),  # chunks up to 3 back
+    ("vanilla", dict(local_window_size=(11, 0)), "zigzag", 4),  # (W, 0) alone is causal too
 ]
 
 
@@ -179,14 +77,10 @@ CASES = [
 def test_ring_matches_single_device(softmax_type, mask, layout, p):
     B, T, N, K, H = 2, 32, 4, 2, 32
     mesh = make_mesh((p,), ("cp",))
-    q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=zlib.crc32(repr((softmax_type, mask, layout, p)).encode()))
+    q, k, v, sinks, g, g_lse = inputs(B, T, N, K, H, seed=zlib.crc32(repr((softmax_type, mask, layout, p)).encode()))
     kw = dict(softmax_type=softmax_type, **mask)
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, layout, **kw)
-    if DT == jnp.float32:
-        _compare(_single(q, k, v, sinks, g, g_lse, **kw), ringed, softmax_type)
-    else:
-        _compare_low_precision(_float64(q, k, v, sinks, g, g_lse, **kw),
-                               _plain_low_precision(q, k, v, sinks, g, g_lse, **kw), ringed, softmax_type)
+    check(q, k, v, sinks, g, g_lse, ringed, **kw)
     hlo = ringed[3]
     assert "collective-permute" in hlo  # the ring is ppermute ...
     assert "all-gather" not in hlo  # ... and nothing gathers the sequence
@@ -196,29 +90,128 @@ def test_ring_with_batch_and_head_sharding():
     """data x cp x heads = 2 x 2 x 2 mesh, zig-zag causal, GQA: d_sinks summed over data and cp, sharded by heads."""
     B, T, N, K, H = 4, 32, 4, 2, 32
     mesh = make_mesh((2, 2, 2), ("data", "cp", "model"))
-    q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=7)
+    q, k, v, sinks, g, g_lse = inputs(B, T, N, K, H, seed=7)
     kw = dict(softmax_type="learnable", is_causal=True)
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, "zigzag", batch_axes="data", head_axis="model", **kw)
-    if DT == jnp.float32:
-        _compare(_single(q, k, v, sinks, g, g_lse, **kw), ringed, "learnable")
-    else:
-        _compare_low_precision(_float64(q, k, v, sinks, g, g_lse, **kw),
-                               _plain_low_precision(q, k, v, sinks, g, g_lse, **kw), ringed, "learnable")
+    check(q, k, v, sinks, g, g_lse, ringed, **kw)
     assert "all-gather" not in ringed[3]
 
 
-def test_ring_matches_float64_reference():
-    """One case against the pure-JAX float64 reference of SPEC.md directly (not only against the fused op)."""
-    B, T, N, K, H = 2, 32, 4, 2, 32
+def test_ring_band_with_batch_sharding():
+    """data x cp = 2 x 4, sliding window in the zig-zag layout (the band schedule under a batch axis)."""
+    B, T, N, K, H = 2, 32, 4, 1, 32
+    mesh = make_mesh((2, 4), ("data", "cp"))
+    q, k, v, sinks, g, g_lse = inputs(B, T, N, K, H, seed=8)
+    kw = dict(softmax_type="learnable", is_causal=True, local_window_size=(5, 0))
+    ringed = _ring(mesh, q, k, v, sinks, g, g_lse, "zigzag", batch_axes="data", **kw)
+    check(q, k, v, sinks, g, g_lse, ringed, **kw)
+
+
+def test_window_schedule_skips_steps():
+    """GPT-OSS sliding layer (window 127) on 32k tokens over 8 devices: one causal-window call of the local block
+    and one 127 x 127 call, 127 key rows received (not 8 ring steps of 4096); zig-zag: the same per local chunk."""
+    s = ring.ring_schedule(axis_size=8, local_len=4096, local_window_size=(127, 0))
+    assert s["mode"] == "band"
+    assert s["calls"] == [(4096, 4096, "causal window"), (127, 127, "band")]
+    assert s["ppermutes"] == 1 and s["key_rows_received"] == 127
+    z = ring.ring_schedule(axis_size=8, local_len=4096, local_window_size=(127, 0), layout="zigzag")
+    assert z["calls"] == [(2048, 2048, "causal window")] * 2 + [(127, 127, "band")] * 2
+    assert z["key_rows_received"] == 254
+    full = ring.ring_schedule(axis_size=8, local_len=4096, is_causal=True, layout="zigzag")
+    assert full["mode"] == "zigzag" and len(full["calls"]) == 1 + 2 * 7  # 2 half-block calls per step
+    wide = ring.ring_schedule(axis_size=8, local_len=4096, local_window_size=(5000, 0))  # reaches 2 blocks back
+    assert wide["calls"] == [(4096, 4096, "causal window"), (4096, 4096, "band"), (904, 904, "band")]
+    assert ring.ring_schedule(axis_size=4, local_len=8, local_window_size=(40, 0))["mode"] == "causal"
+
+
+def _entry(hlo):
+    comps = hlo_computations(hlo)
+    return comps, comps[comps["ENTRY"]]
+
+
+def _ancestors(entry):
+    """{instruction: set of opcodes among its transitive operands} within the entry computation."""
+    by_name = {ins[0]: ins for ins in entry}
+    memo = {}
+
+    def anc(name):
+        if name not in memo:
+            memo[name] = set()
+            ins = by_name.get(name)
+            if ins is not None:
+                for o in ins[3]:
+                    if o in by_name:
+                        memo[name] |= {by_name[o][2]} | anc(o)
+        return memo[name]
+
+    return {ins[0]: anc(ins[0]) for ins in entry}
+
+
+def test_band_against_float64_and_its_hlo():
+    """A sliding layer (window 5, local block 16, 4 devices) against the pure-JAX float64 reference of SPEC.md
+    directly (not only against the fused op), and its compiled forward + backward: 2 fused forward calls and 2
+    fused backward calls per device, and every collective-permute carries 5 key rows (the forward's key/value tails
+    and the backward's dk/dv of them), none a whole block."""
+    B, T, N, K, H = 2, 64, 2, 1, 32
     mesh = make_mesh((4,), ("cp",))
-    q, k, v, sinks, g, g_lse = _inputs(B, T, N, K, H, seed=11)
-    kw = dict(softmax_type="learnable", is_causal=True, local_window_size=(9, 0))
+    q, k, v, sinks, g, g_lse = inputs(B, T, N, K, H, seed=3)
+    kw = dict(softmax_type="learnable", is_causal=True, local_window_size=(5, 0))
     ringed = _ring(mesh, q, k, v, sinks, g, g_lse, "contiguous", **kw)
-    ref64 = _float64(q, k, v, sinks, g, g_lse, **kw)
-    if DT == jnp.float32:
-        _compare(ref64, ringed, "learnable")
-    else:
-        _compare_low_precision(ref64, _plain_low_precision(q, k, v, sinks, g, g_lse, **kw), ringed, "learnable")
+    check_float64(q, k, v, sinks, g, g_lse, ringed, **kw)
+    comps, entry = _entry(ringed[3])
+    fwd, bwd = (ringed[3].count(f'custom_call_target="sinkattn_jax_{d}"') for d in ("forward", "backward"))
+    assert fwd == 2 and bwd == 2, (fwd, bwd)
+    perms = [i for i in entry if i[2].startswith("collective-permute") and not i[2].endswith("-done")]
+    assert perms
+    for name, shape, *_ in perms:
+        assert "[2,5,1,32]" in shape and "[2,16," not in shape, shape
+
+
+def test_ring_transfers_overlap_the_fused_calls():
+    """The next key/value block's ppermute is issued before, and does not depend on, the current fused call:
+    in the compiled forward no collective-permute has a custom call among its ancestors, so XLA may run each
+    transfer during a call. On a GPU (latency-hiding scheduler on, conftest.py) the scheduled HLO must actually
+    place a sinkattn call between each asynchronous collective-permute start and its done."""
+    B, T, N, K, H = 1, 64, 4, 2, 32
+    p = 4
+    mesh = make_mesh((p,), ("cp",))
+    q, k, v, sinks, _, _ = inputs(B, T, N, K, H, seed=4)
+    put = lambda x: jax.device_put(x, NamedSharding(mesh, P(None, "cp", None, None)))
+    f = jax.jit(lambda q, k, v, s: ring.ring_dot_product_attention(q, k, v, mesh=mesh, seq_axis="cp", sinks=s,
+                                                                   is_causal=True, layout="zigzag"))
+    hlo = f.lower(put(q), put(k), put(v), jnp.asarray(sinks)).compile().as_text()
+    comps, entry = _entry(hlo)
+    anc = _ancestors(entry)
+    starts = [i for i in entry if i[2] in ("collective-permute", "collective-permute-start")]
+    assert len(starts) >= p - 1
+    for ins in starts:
+        assert "custom-call" not in anc[ins[0]], f"{ins[0]} waits for a fused call"
+    if ON_GPU:
+        names = [i[0] for i in entry]
+        overlapped = 0
+        for ins in starts:
+            if ins[2] != "collective-permute-start":
+                continue
+            done = next(j for j, d in enumerate(entry) if d[2] == "collective-permute-done" and ins[0] in d[3])
+            if any(runs_custom_call(comps, i, "sinkattn_jax_forward") for i in entry[names.index(ins[0]) + 1:done]):
+                overlapped += 1
+        assert overlapped >= p - 1, f"{overlapped} of {len(starts)} collective-permutes overlap a fused call"
+
+
+def test_attention_backward_matches_the_op_vjp():
+    """attention_backward (the ring's per-block backward) given the op's own out / lse == the op's VJP (dq, dk, dv,
+    d_sinks), bitwise with deterministic=True: the same library backward on the same tensors."""
+    q, k, v, sinks, g, g_lse = inputs(2, 24, 4, 2, 32, seed=12)
+    sinks, g_lse = jnp.asarray(sinks), jnp.asarray(g_lse)
+    kw = dict(is_causal=True, local_window_size=(7, 0), mask_alignment="top_left", deterministic=True)
+    f = lambda q, k, v, s: sj.dot_product_attention(q, k, v, sinks=s, return_lse=True, **kw)
+    with sj.poison_outputs_for_testing():
+        (out, lse), vjp = jax.vjp(f, q, k, v, sinks)
+        want = vjp((g, g_lse))
+        got = jax.jit(lambda *a: attention_backward(*a, sinks=sinks, **kw))(q, k, v, out, lse, g, g_lse)
+    for name, a, b in zip(("dq", "dk", "dv", "d_sinks"), got, want):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), name
+    assert float(jnp.max(jnp.abs(got[3]))) > 0.0
 
 
 def test_zigzag_permute_roundtrip_and_order():
@@ -234,19 +227,19 @@ def test_zigzag_permute_roundtrip_and_order():
 def test_ring_errors():
     mesh = make_mesh((2,), ("cp",))
     q = jnp.ones((1, 8, 2, 32), DT)
-    with pytest.raises(NotImplementedError, match="zig-zag"):
-        ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", is_causal=True,
-                                        local_window_size=(3, 0), layout="zigzag")
+    with pytest.raises(NotImplementedError, match="causal sliding windows"):
+        ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", local_window_size=(3, 2))
     with pytest.raises(ValueError, match="sinks"):
         ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", softmax_type="learnable")
+    with pytest.raises(ValueError, match="layout"):
+        ring.ring_dot_product_attention(q, q, q, mesh=mesh, seq_axis="cp", layout="striped")
 
 
 def test_ring_sinks_default_to_learnable():
     """sinks given without softmax_type: learnable, as in dot_product_attention (never silently dropped)."""
     B, T, N, K, H = 1, 16, 4, 2, 32
     mesh = make_mesh((2,), ("cp",))
-    q, k, v, sinks, _, _ = _inputs(B, T, N, K, H, seed=5)
-    q, k, v = (jnp.asarray(x, DT) for x in (q, k, v))
+    q, k, v, sinks, _, _ = inputs(B, T, N, K, H, seed=5)
     sinks = jnp.asarray(sinks, jnp.float32)
     call = lambda **kw: ring.ring_dot_product_attention(q, k, v, mesh=mesh, seq_axis="cp", sinks=sinks,
                                                        is_causal=True, return_lse=True, **kw)

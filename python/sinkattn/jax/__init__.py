@@ -5,6 +5,8 @@
 
 ``sinkattn.jax.reference.dot_product_attention`` is the same function in plain jnp (float64-capable), the
 ground truth of the tests. The C++ library is loaded (and its FFI targets registered) on first use.
+Distributed (modules of this package): ``sharding`` (batch / head sharding), ``ring`` and ``ulysses`` (context
+parallelism: ring attention and all-to-all).
 """
 
 from ._ffi import SinkattnError, has_cuda, platforms

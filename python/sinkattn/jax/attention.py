@@ -21,7 +21,7 @@ import numpy as np
 from . import _ffi
 from .reference import resolve_softmax_type, resolve_window, rng_seed_offset_words
 
-__all__ = ["dot_product_attention", "poison_outputs_for_testing"]
+__all__ = ["dot_product_attention", "attention_backward", "poison_outputs_for_testing"]
 
 _POISON = [False]
 
@@ -313,6 +313,17 @@ def _check(cond: bool, msg: str, exc=ValueError):
         raise exc(f"sinkattn: {msg}")
 
 
+def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_window_size):
+    """(softmax_type, window_left, window_right) of a call; raises for an unknown softmax type or alignment."""
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
+    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
+           f"got {softmax_type!r}")
+    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
+           f"got {mask_alignment!r}")
+    window_left, window_right = resolve_window(is_causal, local_window_size)
+    return softmax_type, window_left, window_right
+
+
 def _as_int32(x, name):
     x = jnp.asarray(x)
     _check(jnp.issubdtype(x.dtype, jnp.integer), f"{name} must be an integer array, got {x.dtype}", TypeError)
@@ -412,12 +423,8 @@ def dot_product_attention(
       by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
     """
     _ffi.library()  # loads the library, registers the FFI targets
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    window_left, window_right = resolve_window(is_causal, local_window_size)
+    softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
+                                                               local_window_size)
     dropout_rate = float(dropout_rate)
 
     q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
@@ -549,3 +556,42 @@ def dot_product_attention(
         if lse is not None:
             lse = lse[0]
     return (out, lse) if return_lse else out
+
+
+def attention_backward(query, key, value, out, lse, d_out, d_lse=None, *, sinks=None, softmax_type=None,
+                       scale: Optional[float] = None, is_causal: bool = False, local_window_size=None,
+                       mask_alignment: str = "bottom_right", deterministic: bool = False):
+    """The fused backward alone (SPEC.md section 3) for dense ``[B, T, N, H]`` inputs, given ``out`` and ``lse``.
+
+    The library computes ``P_ij = exp(S_ij - lse_i)`` and ``D_i = dot(d_out_i, out_i)`` from the ``out`` / ``lse``
+    passed here, so they need not come from a forward of these same keys: ring attention passes the merged (global)
+    out and LSE of all key blocks together with one block's keys, and gets that block's exact share of dq and its
+    dk, dv without recomputing the block's forward. Not differentiable itself (it is a VJP); no bias, dropout,
+    padding lengths or varlen (use ``jax.grad`` of ``dot_product_attention`` for those).
+
+    Shapes: query ``[B, T, N, H]``, key ``[B, S, K, H]``, value ``[B, S, K, Hv]`` (one float dtype), out and
+    d_out ``[B, T, N, Hv]`` (cast to query's dtype), lse and d_lse ``[B, N, T]`` float32 (d_lse optional).
+    Returns ``(dq, dk, dv, d_sinks)`` in the inputs' dtypes; ``d_sinks`` float32 ``[N]`` for ``learnable``,
+    else None. Options as in :func:`dot_product_attention`. Raises SinkattnError with the library's message.
+    Inside ``shard_map`` the results are typed like the operands (varying over the union of their axes)."""
+    _ffi.library()
+    softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
+                                                               local_window_size)
+    q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    _check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, "attention_backward needs dense [B, T, N, H] inputs")
+    out, d_out = jnp.asarray(out).astype(q.dtype), jnp.asarray(d_out).astype(q.dtype)
+    lse = jnp.asarray(lse).astype(jnp.float32)
+    d_lse = None if d_lse is None else jnp.asarray(d_lse).astype(jnp.float32)
+    if softmax_type != "learnable":
+        sinks = None
+    elif sinks is not None:
+        sinks = jnp.asarray(sinks).astype(jnp.float32)
+    cfg = _Config(softmax_type=_ffi.SOFTMAX_TYPES[softmax_type], softmax_scale=None if scale is None else float(scale),
+                  window_left=window_left, window_right=window_right, mask_alignment=_ffi.ALIGNMENTS[mask_alignment],
+                  dropout_p=0.0, deterministic=bool(deterministic), varlen=False, max_seqlen_q=int(q.shape[1]),
+                  max_seqlen_kv=int(k.shape[1]), return_lse=True, poison=_POISON[0])
+    vma = _union_vma(q, k, v, out, lse, d_out, d_lse, sinks)
+    q, k, v, out, lse, d_out, d_lse, sinks = (_vary_to(x, vma) for x in (q, k, v, out, lse, d_out, d_lse, sinks))
+    batch = (None,) * 5
+    dq, dk, dv, d_sinks, _ = _backward(cfg, q, k, v, sinks, None, batch, out, lse, None, d_out, d_lse)
+    return tuple(_vary_to(x, vma) for x in (dq, dk, dv)) + (_vary_to(d_sinks, vma),)

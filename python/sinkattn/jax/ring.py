@@ -1,9 +1,10 @@
 """Context-parallel ring attention with softmax sinks.
 
 The sequence axis of query/key/value is sharded over one mesh axis (``seq_axis``, size ``p``). Each device keeps
-its query block and passes its key/value block around the ring with ``lax.ppermute``; at every step it makes ONE
-fused call of ``sinkattn.jax.dot_product_attention`` (``softmax_type="vanilla"``, ``return_lse=True``) of its
-query block against the visiting key/value block, and merges the partial results (SPEC.md section 2):
+its query block; key/value blocks travel between devices with ``lax.ppermute``; every piece of work is ONE fused
+call of ``sinkattn.jax.dot_product_attention`` (``softmax_type="vanilla"``, ``return_lse=True``) of (part of) the
+local query block against (part of) a visiting key/value block, and the partial results are merged (SPEC.md
+section 2):
 
     lse = logsumexp_k(lse_k)                  out = sum_k exp(lse_k - lse) * out_k
 
@@ -14,29 +15,43 @@ The sink is counted exactly once, as a final merge with a zero-value term of log
 
 which is SPEC.md's LSE_i = log(exp(sigma) + sum_j exp(S_ij)) and out_i = sum_j P_ij v_j.
 
-Backward (SPEC.md section 3, the d_lse path): a ``jax.custom_vjp`` around the vanilla ring. The backward sends
-key/value around the ring again together with their dk/dv accumulators; at each step it recomputes that step's
-(out_k, lse_k) with the fused forward and calls the fused op's VJP with the cotangents of the merge
+Backward (SPEC.md section 3): a ``jax.custom_vjp`` around the vanilla ring. The fused backward computes
+P_ij = exp(S_ij - lse_i) and D_i = dot(d_out_i, out_i) from the out / lse it is given, so each piece calls
+:func:`sinkattn.jax.attention.attention_backward` with the MERGED out and lse (and the merge's d_out, d_lse) and
+one block's keys: dS = P (dP - D + d_lse) is then exactly that block's share of the single-call gradient, with no
+per-piece forward recomputed. Key/value blocks travel the ring again with their fp32 dk/dv accumulators. d_sinks
+comes from autodiff of the final sink merge, d_sinks[h] = sum_i exp(sigma - LSE_i) (d_LSE_i - dot(d_OUT_i, OUT_i)),
+summed over the ring/batch axes by the transpose of ``shard_map`` (sinks are replicated over them).
 
-    w_k = exp(lse_k - lse),   d_out_k = w_k * d_out,   d_lse_k = w_k * (d_lse + dot(d_out, out_k - out))
+Masks: non-causal, causal, and causal sliding windows ``local_window_size=(window_left, 0)`` (GPT-OSS: 127),
+top-left aligned with T == S (self-attention).
 
-so that the op's dS = P_k (dP_k - D_k + d_lse_k) equals the single-call P (dP - D + d_lse). Memory stays O(local
-block) (no per-step residuals are kept). d_sinks comes from autodiff of the final sink merge:
-d_sinks[h] = sum_i exp(sigma - LSE_i) (d_LSE_i - dot(d_OUT_i, OUT_i)), summed over the ring/batch axes by the
-transpose of ``shard_map`` (sinks are replicated over them).
+Schedules (all static, decided at trace time from p, the layout and the window; no ``lax.cond``: on the GPU an XLA
+conditional copies its predicate to the host and waits for it, so work a device does not need is computed on its
+(zero or stale) inputs and dropped with ``where``, which costs nothing in wall time because another device does
+real work in that step):
 
-Masks: non-causal, causal, and causal sliding window ``local_window_size=(window_left, 0)`` (GPT-OSS: 127).
-The mask is the top-left aligned one of SPEC.md with T == S (self-attention).
+- non-causal and causal without a window: ``p`` steps. At step t the device holds the block that started on device
+  (r - t) mod p. The transfer of the next block (``ppermute`` by one) is issued before the step's fused call and
+  does not depend on it, so XLA can run it as an asynchronous collective-permute during the call (double
+  buffering; with ``--xla_gpu_enable_latency_hiding_scheduler=true`` on the GPU, which the benchmark sets). In the
+  backward the dk/dv accumulator of step t is sent while step t + 1 computes.
+- causal, ``layout="zigzag"`` (load balance): the sequence is cut in 2p chunks and device r holds chunks r and
+  2p-1-r (permute once at the model input with :func:`zigzag_permute`, undo with :func:`zigzag_unpermute`). Step 0
+  is a causal call on the local 2c x 2c block; every other step is two unmasked c x c calls on every device: the
+  local second chunk against the visiting first chunk, plus either (visiting block from an earlier device) the
+  local first chunk against the visiting first chunk or (from a later device) the local second chunk against
+  the visiting second chunk. The choice is a ``where`` on the inputs, so both devices and steps cost the same.
+- causal sliding window (either layout): only the chunk pairs the band reaches are computed. A query chunk a
+  needs the keys of chunks a - delta for delta = 0 .. ceil(window_left / c) (c the chunk length), and of the chunk
+  a - delta only its last ``window_left - (delta - 1) c`` keys. Delta 0 is local (one causal-window call per local
+  chunk); for delta >= 1 exactly those key rows are sent straight from the chunk's device with one
+  ``ppermute`` per (local chunk, delta) (no hops through the ring), and only the query rows the band reaches are
+  computed. Window 127 on 32k tokens over 8 devices (contiguous, c = 4096): one 4096-row causal-window call plus
+  one 127 x 127 call per device, and 127 key rows sent, instead of 8 ring steps. The fetched rows are kept for the
+  backward, which sends their dk/dv straight back. Memory: O(window_left + c) key rows per device.
 
-Load balancing (causal): with ``layout="zigzag"`` the global sequence is cut in 2p chunks and device r holds
-chunks r and 2p-1-r (permute once at the model input with :func:`zigzag_permute`, undo with
-:func:`zigzag_unpermute`). Then every ring step costs every device the same: step 0 is a causal call on the
-local 2C x 2C block, every other step is one unmasked C x 2C call (either the whole local query block against
-the visiting block's first chunk, or the local second chunk against the whole visiting block).
-With a sliding window (window_left < S/p) the contiguous layout is already balanced (each query row sees at most
-window_left + 1 keys) and the ring stops after 1 + ceil(window_left / C) steps, so zig-zag is not used
-there (``layout="zigzag"`` with a window raises).
-Not supported here (raise): bias, segment ids / sequence lengths, dropout.
+Not supported here (raise): bias, segment ids / sequence lengths, dropout, non-causal windows.
 """
 
 from __future__ import annotations
@@ -46,15 +61,17 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
-# shard_map(check_vma=True) typing helpers of the fused op
-from .attention import _union_vma, _vary_to, vma_typing_supported
+from .attention import attention_backward, dot_product_attention, vma_typing_supported
 from .reference import resolve_softmax_type
+from .sharding import _axes, _spec_entry
 
 __all__ = [
     "ring_dot_product_attention",
     "ring_attention_shard",
+    "ring_schedule",
     "zigzag_permute",
     "zigzag_unpermute",
     "zigzag_order",
@@ -62,12 +79,6 @@ __all__ = [
 
 _NEG_INF = -jnp.inf
 _BIG = 1 << 30  # a window bound wider than any sequence (SPEC.md: same as no window)
-
-
-def _default_attention():
-    from .attention import dot_product_attention  # the fused op (other module of this package)
-
-    return dot_product_attention
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,26 +92,24 @@ def zigzag_order(num_shards: int):
     return order
 
 
-def zigzag_permute(x, num_shards: int, axis: int = 1):
-    """Natural sequence order -> zig-zag order along ``axis`` (length must be divisible by 2 * num_shards)."""
+def _zigzag_chunks(x, num_shards, axis):
     n = x.shape[axis]
     if n % (2 * num_shards):
         raise ValueError(f"zigzag: sequence length {n} not divisible by 2 * num_shards = {2 * num_shards}")
-    chunks = jnp.split(x, 2 * num_shards, axis=axis)
+    return jnp.split(x, 2 * num_shards, axis=axis)
+
+
+def zigzag_permute(x, num_shards: int, axis: int = 1):
+    """Natural sequence order -> zig-zag order along ``axis`` (length must be divisible by 2 * num_shards)."""
+    chunks = _zigzag_chunks(x, num_shards, axis)
     return jnp.concatenate([chunks[c] for c in zigzag_order(num_shards)], axis=axis)
 
 
 def zigzag_unpermute(x, num_shards: int, axis: int = 1):
     """Inverse of :func:`zigzag_permute`."""
-    n = x.shape[axis]
-    if n % (2 * num_shards):
-        raise ValueError(f"zigzag: sequence length {n} not divisible by 2 * num_shards = {2 * num_shards}")
-    chunks = jnp.split(x, 2 * num_shards, axis=axis)
-    order = zigzag_order(num_shards)
-    inv = [0] * len(order)
-    for pos, c in enumerate(order):
-        inv[c] = pos
-    return jnp.concatenate([chunks[inv[c]] for c in range(2 * num_shards)], axis=axis)
+    chunks = _zigzag_chunks(x, num_shards, axis)
+    inv = np.argsort(zigzag_order(num_shards))
+    return jnp.concatenate([chunks[int(inv[c])] for c in range(2 * num_shards)], axis=axis)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,7 +128,7 @@ def _merge(out_a, lse_a, out_b, lse_b):
     safe = jnp.where(fin, lse, 0.0)
     wa = jnp.where(fin, jnp.exp(lse_a - safe), 0.0)
     wb = jnp.where(fin, jnp.exp(lse_b - safe), 0.0)
-    out = _lse_to_btn1(wa) * out_a + _lse_to_btn1(wb) * out_b
+    out = _lse_to_btn1(wa) * out_a + _lse_to_btn1(wb) * out_b.astype(jnp.float32)
     return out, lse
 
 
@@ -133,166 +142,405 @@ def _merge_sink(out, lse, sigma):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# one ring step: the local query block against the key/value block of device `src`
+# the static schedule
 # ----------------------------------------------------------------------------------------------------------------
+class _Layout:
+    """Device r holds ``slots`` chunks of ``c`` rows: contiguous chunk r, or zig-zag chunks r and 2p-1-r."""
+
+    def __init__(self, p, t_loc, zigzag):
+        self.p = p
+        self.slots = 2 if zigzag else 1
+        self.c = t_loc // self.slots
+
+    def chunk(self, r, u):
+        return r if u == 0 else 2 * self.p - 1 - r
+
+    def home(self, b):
+        """(device, slot) holding global chunk b."""
+        if self.slots == 1 or b < self.p:
+            return b, 0
+        return 2 * self.p - 1 - b, 1
+
+
+def _band(c, delta, window_left):
+    """Query chunk a against key chunk a - delta (delta >= 1) under a causal window: None if no pair is visible,
+    else (query rows [0, rows), key rows [e, c), mask of the sliced call). Key j' (of the slice) is visible to
+    query i iff j' >= i + (delta c - e - window_left)."""
+    e = delta * c - window_left
+    if e >= c:
+        return None
+    if e <= -(c - 1):
+        return c, 0, {}
+    if e <= 0:
+        return c, 0, dict(local_window_size=(-e, _BIG))
+    return c - e, e, dict(local_window_size=(0, _BIG))
+
+
+class _Transfer:
+    """One ppermute of a band piece: static source -> destination pairs, and per device the slot it sends."""
+
+    def __init__(self, p):
+        self.pairs = []
+        self.send_slot = np.zeros(p, np.int32)
+        self.sender = np.zeros(p, bool)
+        self.receiver = np.zeros(p, bool)
+
+
+class _Piece:
+    """A band piece (local chunk slot u, distance delta >= 1), the same static description on every device."""
+
+    def __init__(self, layout, u, delta, rows, e, mask):
+        p = layout.p
+        self.u, self.delta, self.rows, self.e, self.mask = u, delta, rows, e, mask
+        self.valid = np.zeros(p, bool)
+        self.local = np.zeros(p, bool)
+        self.local_slot = np.zeros(p, np.int32)
+        self.transfers = []
+        for r in range(p):
+            b = layout.chunk(r, u) - delta
+            if b < 0:
+                continue
+            self.valid[r] = True
+            d, s = layout.home(b)
+            if d == r:  # the key chunk is this device's other slot (zig-zag, r = p - 1)
+                self.local[r], self.local_slot[r] = True, s
+                continue
+            for tr in self.transfers:  # a device sends at most one array per ppermute
+                if not tr.sender[d]:
+                    break
+            else:
+                tr = _Transfer(p)
+                self.transfers.append(tr)
+            tr.pairs.append((d, r))
+            tr.sender[d], tr.send_slot[d], tr.receiver[r] = True, s, True
+
+
 class _Plan:
     """Static description of the ring (everything known at trace time)."""
 
-    def __init__(self, *, p, t_loc, s_loc, is_causal, window_left, layout, scale, attention_fn):
+    def __init__(self, *, p, t_loc, is_causal, window_left, layout, scale):
         self.p = p
         self.t_loc = t_loc
-        self.s_loc = s_loc
-        self.is_causal = is_causal
-        self.window_left = window_left  # None = unbounded
-        self.layout = layout
         self.scale = scale
-        self.attn = attention_fn
+        total = p * t_loc
+        if window_left is not None and window_left >= total - 1:
+            window_left = None  # the band covers every causal pair
+        self.window_left = window_left
+        zigzag = layout == "zigzag" and is_causal
+        self.layout = _Layout(p, t_loc, zigzag)
         if not is_causal:
-            self.n_steps = p
-        elif layout == "zigzag":
-            self.n_steps = p
+            self.mode = "full"
+        elif window_left is not None:
+            self.mode = "band"
         else:
-            C = t_loc
-            if window_left is None:
-                self.n_steps = p
-            else:
-                # step t (key block t blocks back) is visible iff t*C - window_left <= C - 1
-                self.n_steps = min(p, (window_left + C - 1) // C + 1)
+            self.mode = "zigzag" if zigzag else "causal"
+        self.pieces = []
+        if self.mode == "band":
+            c = self.layout.c
+            for u in range(self.layout.slots):
+                for delta in range(1, (window_left + c - 1) // c + 1):
+                    band = _band(c, delta, window_left)
+                    if band is None:
+                        continue
+                    piece = _Piece(self.layout, u, delta, *band)
+                    if piece.valid.any():
+                        self.pieces.append(piece)
+
+    def describe(self):
+        """Per device: the fused forward calls and the key rows received (for tests and the README)."""
+        c, slots = self.layout.c, self.layout.slots
+        if self.mode == "band":
+            calls = [(c, c, "causal window")] * slots + [(pc.rows, c - pc.e, "band") for pc in self.pieces]
+            return dict(mode=self.mode, calls=calls, ppermutes=sum(len(pc.transfers) for pc in self.pieces),
+                        key_rows_received=sum(c - pc.e for pc in self.pieces if pc.transfers))
+        if self.mode == "zigzag":
+            calls = [(2 * c, 2 * c, "causal")] + [(c, c, "full")] * (2 * (self.p - 1))
+        else:
+            calls = [(self.t_loc, self.t_loc, "causal" if self.mode == "causal" else "full")] * self.p
+        return dict(mode=self.mode, calls=calls, ppermutes=self.p - 1, key_rows_received=(self.p - 1) * self.t_loc)
 
 
-def _call(plan, q, k, v, **mask):
-    out, lse = plan.attn(q, k, v, softmax_type="vanilla", scale=plan.scale, return_lse=True,
-                         mask_alignment="top_left", **mask)
+def ring_schedule(*, axis_size, local_len, is_causal=False, local_window_size=None, layout="contiguous"):
+    """The static schedule ring attention uses on every device (no arrays needed): dict(mode, calls = [(query rows,
+    key rows, mask)] of the fused forward calls, ppermutes = collective-permutes in the forward, key_rows_received).
+    E.g. ``ring_schedule(axis_size=8, local_len=4096, local_window_size=(127, 0))`` (GPT-OSS sliding layer,
+    32k tokens on 8 devices): one 4096 x 4096 causal-window call and one 127 x 127 call, 127 key rows received."""
+    is_causal, window_left, layout = _resolve_masks(is_causal, local_window_size, layout, local_len)
+    return _Plan(p=axis_size, t_loc=local_len, is_causal=is_causal, window_left=window_left, layout=layout,
+                 scale=1.0).describe()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fused calls and traced helpers
+# ----------------------------------------------------------------------------------------------------------------
+def _fwd(plan, q, k, v, mask):
+    out, lse = dot_product_attention(q, k, v, softmax_type="vanilla", scale=plan.scale, return_lse=True,
+                                     mask_alignment="top_left", **mask)
     return out, lse.astype(jnp.float32)
 
 
-def _vary_like(x, *refs):
-    """Mark x as varying over the manual mesh axes the refs vary over (shard_map check_vma typing)."""
-    return _vary_to(x, _union_vma(*refs))
+def _bwd(plan, q, k, v, out, lse, d_out, d_lse, mask):
+    dq, dk, dv, _ = attention_backward(q, k, v, out, lse, d_out, d_lse, softmax_type="vanilla", scale=plan.scale,
+                                       mask_alignment="top_left", **mask)
+    return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
 
 
-def _empty(plan, q, v, rows=None):
-    """Result of a block no local query sees: out = 0, lse = -inf (SPEC.md section 2, row with no key)."""
-    B, T, N, _ = q.shape
-    T = T if rows is None else rows
-    out = jnp.zeros((B, T, N, v.shape[-1]), q.dtype)
-    lse = jnp.full((B, N, T), _NEG_INF, jnp.float32)
-    return _vary_like(out, q, v), _vary_like(lse, q, v)
+def _flag(table, r, where=None):
+    """table[r] for a static per-device table: a Python bool when it is the same on every device considered
+    (``where``: the devices it matters for), else a traced bool."""
+    t = np.asarray(table, bool)
+    vals = set(t[where].tolist()) if where is not None else set(t.tolist())
+    if len(vals) <= 1:
+        return bool(vals.pop()) if vals else False
+    return jnp.asarray(t)[r]
 
 
-def _step(plan, t, r, q, k, v):
-    """(out_t [B,T,N,Hv] in q.dtype, lse_t [B,N,T] fp32) of the local queries against the block that left
-    device (r - t) mod p t steps ago. t is static, r = axis_index is traced."""
-    if not plan.is_causal:
-        return _call(plan, q, k, v)
-    if plan.layout == "zigzag":
-        if t == 0:
-            return _call(plan, q, k, v, is_causal=True)
-        C = plan.t_loc // 2
-
-        def src_before(q, k, v):  # source chunks s < r < 2p-1-r < 2p-1-s: all queries see chunk s only
-            return _call(plan, q, k[:, :C], v[:, :C])
-
-        def src_after(q, k, v):  # r < s < 2p-1-s < 2p-1-r: only query chunk 2p-1-r sees both key chunks
-            o2, l2 = _call(plan, q[:, C:], k, v)
-            o1, l1 = _empty(plan, q, v, rows=C)
-            return jnp.concatenate([o1, o2], axis=1), jnp.concatenate([l1, l2], axis=2)
-
-        return jax.lax.cond(r >= t, src_before, src_after, q, k, v)
-
-    # contiguous layout; the visiting block starts d = t*C keys before the local query block (when r >= t)
-    C = plan.t_loc
-    W = plan.window_left
-    if t == 0:
-        win = None if W is None else (W, 0)
-        return _call(plan, q, k, v, is_causal=True, local_window_size=win)
-    e = -_BIG if W is None else t * C - W  # visible iff j >= i + e (j <= i + d always holds for t >= 1)
-
-    def visible(q, k, v):
-        if e <= -(C - 1):
-            return _call(plan, q, k, v)
-        if e <= 0:
-            return _call(plan, q, k, v, local_window_size=(-e, _BIG))
-        # 0 < e < C: rows [0, C-e) see keys [i+e, C) -> slice, then "j' >= i" = window (0, unbounded right)
-        o, l = _call(plan, q[:, : C - e], k[:, e:], v[:, e:], local_window_size=(0, _BIG))
-        o0, l0 = _empty(plan, q, v, rows=e)
-        return jnp.concatenate([o, o0], axis=1), jnp.concatenate([l, l0], axis=2)
-
-    def hidden(q, k, v):  # the block is in the future of every local query
-        return _empty(plan, q, v)
-
-    return jax.lax.cond(r >= t, visible, hidden, q, k, v)
+def _sel(flag, a, b):
+    """where(flag, a, b) over pytrees; a static flag picks without computing."""
+    if flag is True:
+        return a
+    if flag is False:
+        return b
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(flag, x, y), a, b)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the vanilla ring (custom_vjp) and the sink merge
-# ----------------------------------------------------------------------------------------------------------------
-def _shift(x, axis_name, p, by):
+def _shift(x, axis_name, p, by=1):
     by %= p
     if by == 0:
         return x
     return jax.lax.ppermute(x, axis_name, [(i, (i + by) % p) for i in range(p)])
 
 
-def _ring_forward(plan, axis_name, q, k, v):
+def _slots(x, layout, axis=1):
+    return [x] if layout.slots == 1 else jnp.split(x, layout.slots, axis=axis)
+
+
+def _unslots(xs, axis=1):
+    return xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=axis)
+
+
+def _rows(x, n, axis=1):
+    """The first n rows along axis (the lse layout [B, N, T] has its rows on axis 2)."""
+    return jax.lax.slice_in_dim(x, 0, n, axis=axis)
+
+
+def _set_rows(acc, n, new, axis=1):
+    if n == acc.shape[axis]:
+        return new
+    return jnp.concatenate([new, jax.lax.slice_in_dim(acc, n, acc.shape[axis], axis=axis)], axis=axis)
+
+
+def _mask_lse(flag, lse):
+    return _sel(flag, lse, jnp.full_like(lse, _NEG_INF))
+
+
+def _mask_zero(flag, x):
+    return _sel(flag, x, jnp.zeros_like(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sliding window: the band pieces
+# ----------------------------------------------------------------------------------------------------------------
+def _fetch(plan, piece, r, axis_name, kv_slots):
+    """The key/value rows [e, c) of chunk a - delta, from wherever they live (one ppermute per transfer)."""
+    tails = [jax.tree_util.tree_map(lambda x: x[:, piece.e:], kv) for kv in kv_slots]
+    got = None
+    for tr in piece.transfers:
+        slot1 = _flag(tr.send_slot == 1, r, tr.sender)
+        send = tails[0] if len(tails) == 1 else _sel(slot1, tails[1], tails[0])
+        recv = jax.lax.ppermute(send, axis_name, tr.pairs)  # devices that are no destination receive zeros
+        got = recv if got is None else _sel(_flag(tr.receiver, r), recv, got)
+    if piece.local.any():
+        mine = _sel(_flag(piece.local_slot == 1, r, piece.local), tails[-1], tails[0])
+        got = mine if got is None else _sel(_flag(piece.local, r), mine, got)
+    return got
+
+
+def _band_forward(plan, axis_name, q, k, v):
+    L, W = plan.layout, plan.window_left
     r = jax.lax.axis_index(axis_name)
-    out = lse = None
-    kt, vt = k, v
-    for t in range(plan.n_steps):
-        if t + 1 < plan.n_steps:  # start the transfer of the next block before computing this one
-            k_next, v_next = _shift((kt, vt), axis_name, plan.p, 1)
-        o, l = _step(plan, t, r, q, kt, vt)
-        o = o.astype(jnp.float32)
-        out, lse = (o, l) if out is None else _merge(out, lse, o, l)
-        if t + 1 < plan.n_steps:
-            kt, vt = k_next, v_next
-    return out, lse
+    qs, kv_slots = _slots(q, L), list(zip(_slots(k, L), _slots(v, L)))
+    # every transfer first: none depends on a fused call, so they run while the local chunks compute
+    fetched = [_fetch(plan, pc, r, axis_name, kv_slots) for pc in plan.pieces]
+    accs = []
+    for u in range(L.slots):
+        o, l = _fwd(plan, qs[u], *kv_slots[u], dict(is_causal=True, local_window_size=(W, 0)))
+        accs.append((o.astype(jnp.float32), l))
+    for pc, (kb, vb) in zip(plan.pieces, fetched):
+        o, l = _fwd(plan, _rows(qs[pc.u], pc.rows), kb, vb, pc.mask)
+        l = _mask_lse(_flag(pc.valid, r), l)
+        out_u, lse_u = accs[pc.u]
+        mo, ml = _merge(_rows(out_u, pc.rows), _rows(lse_u, pc.rows, 2), o, l)
+        accs[pc.u] = (_set_rows(out_u, pc.rows, mo), _set_rows(lse_u, pc.rows, ml, 2))
+    return _unslots([a[0] for a in accs]), _unslots([a[1] for a in accs], 2), fetched
 
 
+def _band_backward(plan, axis_name, q, k, v, fetched, out, lse, d_out, d_lse):
+    L, W = plan.layout, plan.window_left
+    r = jax.lax.axis_index(axis_name)
+    qs, ks, vs = _slots(q, L), _slots(k, L), _slots(v, L)
+    os_, ls_, dos, dls = _slots(out, L), _slots(lse, L, 2), _slots(d_out, L), _slots(d_lse, L, 2)
+    dq, dk, dv = [], [], []
+    for u in range(L.slots):
+        dq_u, dk_u, dv_u = _bwd(plan, qs[u], ks[u], vs[u], os_[u], ls_[u], dos[u], dls[u],
+                                dict(is_causal=True, local_window_size=(W, 0)))
+        dq.append(dq_u)
+        dk.append(dk_u)
+        dv.append(dv_u)
+    for pc, (kb, vb) in zip(plan.pieces, fetched):
+        n, u = pc.rows, pc.u
+        dqp, dkp, dvp = _bwd(plan, _rows(qs[u], n), kb, vb, _rows(os_[u], n), _rows(ls_[u], n, 2),
+                             _rows(dos[u], n), _rows(dls[u], n, 2), pc.mask)
+        dq[u] = _set_rows(dq[u], n, _rows(dq[u], n) + _mask_zero(_flag(pc.valid, r), dqp))
+        # dk/dv of the fetched rows go straight back to the chunk's device, into the slot they came from
+        back = []
+        for tr in pc.transfers:
+            got = jax.lax.ppermute((dkp, dvp), axis_name, [(b, a) for a, b in tr.pairs])
+            back.append((got, tr.sender, tr.send_slot))
+        if pc.local.any():
+            back.append(((dkp, dvp), pc.local, pc.local_slot))
+        for (gk, gv), owner, slot in back:
+            for s in range(L.slots):
+                flag = _flag(owner & (slot == s), r)
+                if flag is False:
+                    continue
+                dk[s] = dk[s].at[:, pc.e:].add(_mask_zero(flag, gk))
+                dv[s] = dv[s].at[:, pc.e:].add(_mask_zero(flag, gv))
+    return _unslots(dq), _unslots(dk), _unslots(dv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# full / causal / zig-zag: the ring of p steps
+# ----------------------------------------------------------------------------------------------------------------
+def _chain_step_forward(plan, t, r, q, kt, vt):
+    """[(local query slot or None for the whole block, out, lse)] of step t (the block from device r - t)."""
+    if plan.mode == "full":
+        return [(None, *_fwd(plan, q, kt, vt, {}))]
+    if t == 0:
+        return [(None, *_fwd(plan, q, kt, vt, dict(is_causal=True)))]
+    if plan.mode == "causal":  # the block is in the past iff it left an earlier device (r >= t)
+        o, l = _fwd(plan, q, kt, vt, {})
+        return [(None, o, _mask_lse(r >= t, l))]
+    # zig-zag: earlier = the visiting block's chunks (s, 2p-1-s) precede the local (r, 2p-1-r) as s < r
+    earlier = r >= t
+    (q0, q1), (k0, k1), (v0, v1) = _slots(q, plan.layout), _slots(kt, plan.layout), _slots(vt, plan.layout)
+    ox, lx = _fwd(plan, q1, k0, v0, {})  # the local second chunk sees the visiting first chunk either way
+    oy, ly = _fwd(plan, _sel(earlier, q0, q1), _sel(earlier, k0, k1), _sel(earlier, v0, v1), {})
+    return [(1, ox, lx), (0, oy, _mask_lse(earlier, ly)), (1, oy, _mask_lse(~earlier, ly))]
+
+
+def _chain_forward(plan, axis_name, q, k, v):
+    r = jax.lax.axis_index(axis_name)
+    accs = None
+    kv = (k, v)
+    for t in range(plan.p):
+        nxt = _shift(kv, axis_name, plan.p) if t + 1 < plan.p else None  # issued before this step's calls
+        for slot, o, l in _chain_step_forward(plan, t, r, q, *kv):
+            if accs is None:  # step 0 covers every local query row
+                accs = list(zip(_slots(o.astype(jnp.float32), plan.layout), _slots(l, plan.layout, 2)))
+                continue
+            u = 0 if slot is None else slot
+            accs[u] = _merge(*accs[u], o, l)
+        kv = nxt
+    return _unslots([a[0] for a in accs]), _unslots([a[1] for a in accs], 2)
+
+
+def _chain_step_backward(plan, t, r, q, kt, vt, out, lse, d_out, d_lse):
+    """(dq contribution, dk, dv of the visiting block), fp32, of step t."""
+    g = (q, kt, vt, out, lse, d_out, d_lse)
+    if plan.mode == "full":
+        return _bwd(plan, *g, {})
+    if t == 0:
+        return _bwd(plan, *g, dict(is_causal=True))
+    if plan.mode == "causal":
+        return tuple(_mask_zero(r >= t, x) for x in _bwd(plan, *g, {}))
+    earlier = r >= t
+    L = plan.layout
+    (q0, q1), (k0, k1), (v0, v1) = _slots(q, L), _slots(kt, L), _slots(vt, L)
+    (o0, o1), (l0, l1) = _slots(out, L), _slots(lse, L, 2)
+    (do0, do1), (dl0, dl1) = _slots(d_out, L), _slots(d_lse, L, 2)
+    dqx, dkx, dvx = _bwd(plan, q1, k0, v0, o1, l1, do1, dl1, {})
+    pick = partial(_sel, earlier)
+    dqy, dky, dvy = _bwd(plan, pick(q0, q1), pick(k0, k1), pick(v0, v1), pick(o0, o1), pick(l0, l1),
+                         pick(do0, do1), pick(dl0, dl1), {})
+    dq = jnp.concatenate([_mask_zero(earlier, dqy), dqx + _mask_zero(~earlier, dqy)], axis=1)
+    dk = jnp.concatenate([dkx + _mask_zero(earlier, dky), _mask_zero(~earlier, dky)], axis=1)
+    dv = jnp.concatenate([dvx + _mask_zero(earlier, dvy), _mask_zero(~earlier, dvy)], axis=1)
+    return dq, dk, dv
+
+
+def _chain_backward(plan, axis_name, q, k, v, out, lse, d_out, d_lse):
+    r = jax.lax.axis_index(axis_name)
+    kv = (k, v)
+    dq = acc = arriving = None
+    for t in range(plan.p):
+        nxt = _shift(kv, axis_name, plan.p) if t + 1 < plan.p else None  # issued before this step's calls
+        dq_t, dk_t, dv_t = _chain_step_backward(plan, t, r, q, *kv, out, lse, d_out, d_lse)
+        dq = dq_t if dq is None else dq + dq_t
+        # the accumulator of the visiting block arrived from device r - 1 (sent after its step t - 1)
+        acc = (dk_t, dv_t) if arriving is None else (arriving[0] + dk_t, arriving[1] + dv_t)
+        if t + 1 < plan.p:
+            arriving = _shift(acc, axis_name, plan.p)  # overlaps the calls of step t + 1
+        kv = nxt
+    dk, dv = _shift(acc, axis_name, plan.p)  # after p - 1 hops the accumulator is one device short of home
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the vanilla ring (custom_vjp) and the sink merge
+# ----------------------------------------------------------------------------------------------------------------
 def _make_ring(plan, axis_name):
+    band = plan.mode == "band"
+
+    def forward(q, k, v):
+        if band:
+            return _band_forward(plan, axis_name, q, k, v)
+        return _chain_forward(plan, axis_name, q, k, v) + (None,)
+
     @jax.custom_vjp
     def ring(q, k, v):
-        return _ring_forward(plan, axis_name, q, k, v)
+        out, lse, _ = forward(q, k, v)
+        return out, lse
 
     def fwd(q, k, v):
-        out, lse = _ring_forward(plan, axis_name, q, k, v)
-        return (out, lse), (q, k, v, out, lse)
+        out, lse, fetched = forward(q, k, v)
+        # the backward reads out in the inputs' dtype (SPEC.md section 3: D from the stored, rounded out)
+        return (out, lse), (q, k, v, fetched, out.astype(q.dtype), lse)
 
     def bwd(res, cts):
-        q, k, v, out, lse = res
+        q, k, v, fetched, out, lse = res
         d_out, d_lse = cts
-        d_out = d_out.astype(jnp.float32)
+        d_out = d_out.astype(q.dtype)  # what every fused backward reads (cast once, not per call)
         d_lse = d_lse.astype(jnp.float32)
-        r = jax.lax.axis_index(axis_name)
-        fin = jnp.isfinite(lse)
-        lse_safe = jnp.where(fin, lse, 0.0)
-        dq = jnp.zeros(q.shape, jnp.float32)
-        kt, vt = k, v
-        dk = jnp.zeros(k.shape, jnp.float32)
-        dv = jnp.zeros(v.shape, jnp.float32)
-        for t in range(plan.n_steps):
-            (o_t, l_t), vjp = jax.vjp(partial(_step, plan, t, r), q, kt, vt)
-            w = jnp.where(fin, jnp.exp(l_t - lse_safe), 0.0)  # [B, N, T]
-            wb = _lse_to_btn1(w)
-            d_o_t = (wb * d_out).astype(o_t.dtype)
-            d_l_t = w * (d_lse + jnp.transpose(jnp.sum(d_out * (o_t.astype(jnp.float32) - out), -1), (0, 2, 1)))
-            dq_t, dk_t, dv_t = vjp((d_o_t, d_l_t.astype(l_t.dtype)))
-            dq = dq + dq_t.astype(jnp.float32)
-            dk = dk + dk_t.astype(jnp.float32)
-            dv = dv + dv_t.astype(jnp.float32)
-            if t + 1 < plan.n_steps:
-                kt, vt, dk, dv = _shift((kt, vt, dk, dv), axis_name, plan.p, 1)
-        # the accumulators travelled n_steps - 1 hops: send them home
-        dk, dv = _shift((dk, dv), axis_name, plan.p, -(plan.n_steps - 1))
+        if band:
+            dq, dk, dv = _band_backward(plan, axis_name, q, k, v, fetched, out, lse, d_out, d_lse)
+        else:
+            dq, dk, dv = _chain_backward(plan, axis_name, q, k, v, out, lse, d_out, d_lse)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
     ring.defvjp(fwd, bwd)
     return ring
 
 
+def _resolve_masks(is_causal, local_window_size, layout, t_loc):
+    """(is_causal, window_left or None, layout) of a ring call; raises for what the ring does not support."""
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
+    window_left = None
+    if local_window_size is not None:
+        wl, wr = (local_window_size, local_window_size) if isinstance(local_window_size, int) else local_window_size
+        if not is_causal and wr != 0:
+            raise NotImplementedError("ring attention supports causal sliding windows (window_left, 0) only")
+        window_left = None if wl is None or wl < 0 else int(wl)
+        is_causal = True
+    if layout == "zigzag" and is_causal and t_loc % 2:
+        raise ValueError("zig-zag layout needs an even local block length")
+    return is_causal, window_left, layout
+
+
 def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None, softmax_type=None,
                          is_causal=False, local_window_size=None, scale=None, layout="contiguous",
-                         return_lse=False, attention_fn=None):
+                         return_lse=False):
     """Ring attention on the local blocks, to be called inside ``shard_map`` over ``axis_name``.
 
     query [B, T/p, N, H], key/value [B, S/p, K, H(_v)] (this device's blocks, in ``layout`` order), sinks [N]
@@ -303,29 +551,12 @@ def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None,
         raise ValueError(f"softmax_type must be vanilla, off_by_one or learnable, got {softmax_type!r}")
     if softmax_type == "learnable" and sinks is None:
         raise ValueError("softmax_type='learnable' needs sinks [N] (SPEC.md section 4)")
-    if layout not in ("contiguous", "zigzag"):
-        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
-    window_left = None
-    if local_window_size is not None:
-        wl, wr = (local_window_size, local_window_size) if isinstance(local_window_size, int) else local_window_size
-        if not is_causal and wr != 0:
-            raise NotImplementedError("ring attention supports causal sliding windows (window_left, 0) only")
-        window_left = None if wl is None or wl < 0 else int(wl)
-        is_causal = True
     t_loc, s_loc = query.shape[1], key.shape[1]
+    is_causal, window_left, layout = _resolve_masks(is_causal, local_window_size, layout, t_loc)
     if is_causal and t_loc != s_loc:
         raise ValueError(f"causal ring attention needs T == S, got local blocks {t_loc} and {s_loc}")
-    if layout == "zigzag":
-        if not is_causal:
-            layout = "contiguous"  # nothing to balance
-        elif window_left is not None:
-            raise NotImplementedError("ring attention: zig-zag layout with a sliding window is not supported; "
-                                      "use layout='contiguous' (already balanced under a window)")
-        elif t_loc % 2:
-            raise ValueError("zig-zag layout needs an even local block length")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    plan = _Plan(p=axis_size, t_loc=t_loc, s_loc=s_loc, is_causal=is_causal, window_left=window_left,
-                 layout=layout, scale=scale, attention_fn=attention_fn or _default_attention())
+    plan = _Plan(p=axis_size, t_loc=t_loc, is_causal=is_causal, window_left=window_left, layout=layout, scale=scale)
     out, lse = _make_ring(plan, axis_name)(query, key, value)
     if softmax_type == "learnable":
         out, lse = _merge_sink(out, lse, sinks)
@@ -335,48 +566,38 @@ def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None,
     return (out, lse) if return_lse else out
 
 
-def _spec_axis(a):
-    if a is None:
-        return None
-    if isinstance(a, (tuple, list)):
-        return tuple(a) if len(a) > 1 else (a[0] if a else None)
-    return a
-
-
 def ring_dot_product_attention(query, key, value, *, mesh, seq_axis, batch_axes=None, head_axis=None, sinks=None,
                                softmax_type=None, is_causal=False, local_window_size=None, scale=None,
-                               layout="contiguous", return_lse=False, attention_fn=None):
+                               layout="contiguous", return_lse=False):
     """Context-parallel attention of global arrays sharded along the sequence over ``mesh`` axis ``seq_axis``.
 
     query [B, T, N, H], key/value [B, S, K, H(_v)] (BTNH, in ``layout`` order: pass ``zigzag_permute``d arrays
     with ``layout="zigzag"``), optionally also sharded over ``batch_axes`` (batch) and ``head_axis`` (heads;
     sinks [N] sharded with them). Returns out [B, T, N, H_v] (and lse [B, N, T] fp32 when return_lse), with
     the same sharding. Differentiable w.r.t. query, key, value and sinks. softmax_type as in
-    ``dot_product_attention``: default "learnable" when sinks are given, else "vanilla"."""
+    ``dot_product_attention``: default "learnable" when sinks are given, else "vanilla". The schedule (steps,
+    transfers, skipped work under a window) is in the module docstring and :func:`ring_schedule`."""
     softmax_type = resolve_softmax_type(softmax_type, sinks)
     if softmax_type == "learnable" and sinks is None:
         raise ValueError("softmax_type='learnable' needs sinks [N] (SPEC.md section 4)")
     if seq_axis not in mesh.shape:
         raise ValueError(f"ring_dot_product_attention: mesh has no axis {seq_axis!r} (axes: {tuple(mesh.shape)})")
     p = mesh.shape[seq_axis]
-    b, h = _spec_axis(batch_axes), _spec_axis(head_axis)
+    b, h = _spec_entry(_axes(batch_axes)), _spec_entry(_axes(head_axis))
     qspec = P(b, seq_axis, h, None)
     lspec = P(b, h, seq_axis)
-    if sinks is None:
-        sinks_arr, sspec = jnp.zeros((query.shape[2],), jnp.float32), P(h)
-    else:
-        sinks_arr, sspec = jnp.asarray(sinks, jnp.float32), P(h)
+    sinks_arr = jnp.zeros((query.shape[2],), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
 
     def body(q, k, v, s):
         return ring_attention_shard(q, k, v, axis_name=seq_axis, axis_size=p, sinks=s, softmax_type=softmax_type,
                                     is_causal=is_causal, local_window_size=local_window_size, scale=scale,
-                                    layout=layout, return_lse=return_lse, attention_fn=attention_fn)
+                                    layout=layout, return_lse=return_lse)
 
     out_specs = (qspec, lspec) if return_lse else qspec
     # check_vma=True where jax has the varying-axes type (attention.vma_typing_supported): the fused op types its
     # results and cotangents like its inputs (attention.py, _vma), and the ring's own zero blocks are cast with
-    # _vary_like. The transpose sums the cotangent of the sinks, replicated over the sequence (and batch) axes,
+    # _vary_to. The transpose sums the cotangent of the sinks, replicated over the sequence (and batch) axes,
     # over those axes (tests/python/test_ring.py checks d_sinks).
-    f = jax.shard_map(body, mesh=mesh, in_specs=(qspec, qspec, qspec, sspec), out_specs=out_specs,
+    f = jax.shard_map(body, mesh=mesh, in_specs=(qspec, qspec, qspec, P(h)), out_specs=out_specs,
                       check_vma=vma_typing_supported())
     return f(query, key, value, sinks_arr)
