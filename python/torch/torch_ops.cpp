@@ -72,8 +72,8 @@ Tensor new_tensor(const std::vector<int64_t>& shape, int32_t dtype, const Tensor
 
 // Strided views of one call's tensors (SPEC.md section 1: strides in elements; the library checks the last one is 1).
 // PyTorch gives an empty tensor no storage (data NULL), which the library refuses for a present tensor; such a view
-// points at a small allocation on the call's device instead (never read: the tensor has no element), so that
-// zero-length inputs (a batch without keys, varlen buffers with no rows) keep their meaning.
+// points at a small allocation on the call's device instead (never read: the tensor has no element) and has
+// row-major strides, so that zero-length inputs (a batch without keys, varlen buffers with no rows) keep their meaning.
 struct Views {
   const Tensor& like;
   std::optional<Tensor> placeholder;
@@ -84,15 +84,18 @@ struct Views {
       fail(std::string(name) + ": rank must be between 1 and 4, got " + std::to_string(rank));
     sinkattn_tensor_t v{};
     v.data = t.data_ptr();
-    if (v.data == nullptr && t.numel() == 0) {
-      if (!placeholder) placeholder = new_tensor({16}, aoti_torch_dtype_uint8(), like);
-      v.data = placeholder->data_ptr();
-    }
     v.dtype = dtype_of(t, name);
     v.rank = static_cast<int32_t>(rank);
-    for (int64_t i = 0; i < rank; ++i) {
+    const bool empty = t.numel() == 0;  // no element: any strides (PyTorch may give 0), here row-major ones
+    int64_t stride = 1;
+    for (int64_t i = rank; i-- > 0;) {
       v.shape[i] = t.size(i);
-      v.strides[i] = t.stride(i);
+      v.strides[i] = empty ? stride : t.stride(i);
+      stride *= v.shape[i] > 0 ? v.shape[i] : 1;
+    }
+    if (v.data == nullptr && empty) {
+      if (!placeholder) placeholder = new_tensor({16}, aoti_torch_dtype_uint8(), like);
+      v.data = placeholder->data_ptr();
     }
     return v;
   }

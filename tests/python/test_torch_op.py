@@ -11,11 +11,12 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
 
-import sinkattn.torch as st
-from test_jax_op import CASES, TOL, _BF16_ON_CPU, _plain_low_precision, build, rel_err, run_ref
-from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, to_torch, torch_kwargs, words_to_rng
+torch = pytest.importorskip("torch")  # without torch the package has no PyTorch operators; with it they must load
+
+import sinkattn.torch as st  # noqa: E402
+from test_jax_op import CASES, TOL, _BF16_ON_CPU, _plain_low_precision, build, rel_err, run_ref  # noqa: E402
+from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, to_torch, torch_kwargs, words_to_rng  # noqa: E402
 
 _GPU = torch.cuda.is_available()
 _PARAMS = [(n, "float32", dev) for dev in DEVICES for n in CASES] + [
