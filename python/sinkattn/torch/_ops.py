@@ -20,7 +20,7 @@ import os
 
 import torch
 
-__all__ = ["load", "library_path", "SOFTMAX_TYPES", "ALIGNMENTS"]
+__all__ = ["load", "library_path", "attention", "SOFTMAX_TYPES", "ALIGNMENTS"]
 
 # Enum values of include/sinkattn/sinkattn.h.
 SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "learnable": 2}
@@ -80,29 +80,60 @@ def _last_dim_contiguous(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _setup_context(ctx, inputs, output):
+    (q, k, v, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv, _page_table, max_q, max_kv, softmax_type,
+     softmax_scale, window_left, window_right, mask_alignment, dropout_p, _rng_in, deterministic, trust,
+     _num_splits) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv)
+    ctx.options = (max_q, max_kv, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p)
+    ctx.deterministic = deterministic
+    ctx.trust = trust
+    ctx.mark_non_differentiable(rng_state)
+
+
+def _backward(ctx, d_out, d_lse, _d_rng):
+    """dq, dk, dv, d_sinks, d_bias of SPEC.md section 3 (d_lse: the gradient flowing into the returned lse)."""
+    q, k, v, out, lse, rng_state, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv = ctx.saved_tensors
+    d_out = torch.zeros_like(out) if d_out is None else _last_dim_contiguous(d_out.to(out.dtype))
+    if d_lse is not None:
+        d_lse = _last_dim_contiguous(d_lse.to(torch.float32))
+    max_q, max_kv, softmax_type, softmax_scale, wl, wr, align, dropout_p = ctx.options
+    dq, dk, dv, d_sinks, d_bias = torch.ops.sinkattn.bwd(
+        d_out, q, k, v, out, lse, d_lse, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv, max_q, max_kv,
+        softmax_type, softmax_scale, wl, wr, align, dropout_p, rng_state, ctx.deterministic, ctx.trust)
+    learnable = softmax_type == _LEARNABLE and sinks is not None
+    return (dq, dk, dv, d_sinks if learnable else None, d_bias if bias is not None else None) + (None,) * 18
+
+
 def _register_autograd() -> None:
-    def setup_context(ctx, inputs, output):
-        (q, k, v, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv, _page_table, max_q, max_kv, softmax_type,
-         softmax_scale, window_left, window_right, mask_alignment, dropout_p, _rng_in, deterministic, trust,
-         _num_splits) = inputs
-        out, lse, rng_state = output
-        ctx.save_for_backward(q, k, v, out, lse, rng_state, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv)
-        ctx.options = (max_q, max_kv, softmax_type, softmax_scale, window_left, window_right, mask_alignment,
-                       dropout_p)
-        ctx.deterministic = deterministic
-        ctx.trust = trust
-        ctx.mark_non_differentiable(rng_state)
+    # For callers of torch.ops.sinkattn.fwd itself (and torch.library.opcheck). The API functions take the cheaper
+    # path of `attention` below: the same formula (_setup_context, _backward) without torch.library's per-call
+    # argument rebinding.
+    torch.library.register_autograd("sinkattn::fwd", _backward, setup_context=_setup_context)
 
-    def backward(ctx, d_out, d_lse, _d_rng):
-        q, k, v, out, lse, rng_state, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv = ctx.saved_tensors
-        d_out = torch.zeros_like(out) if d_out is None else _last_dim_contiguous(d_out.to(out.dtype))
-        if d_lse is not None:
-            d_lse = _last_dim_contiguous(d_lse.to(torch.float32))
-        max_q, max_kv, softmax_type, softmax_scale, wl, wr, align, dropout_p = ctx.options
-        dq, dk, dv, d_sinks, d_bias = torch.ops.sinkattn.bwd(
-            d_out, q, k, v, out, lse, d_lse, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv, max_q, max_kv,
-            softmax_type, softmax_scale, wl, wr, align, dropout_p, rng_state, ctx.deterministic, ctx.trust)
-        learnable = softmax_type == _LEARNABLE and sinks is not None
-        return (dq, dk, dv, d_sinks if learnable else None, d_bias if bias is not None else None) + (None,) * 18
 
-    torch.library.register_autograd("sinkattn::fwd", backward, setup_context=setup_context)
+class _Attention(torch.autograd.Function):
+    """torch.ops.sinkattn.fwd with the autograd formula of _backward, as a plain autograd.Function: what the API
+    calls. torch.library's registered autograd path rebinds every argument against the schema on each call
+    (torch._library.utils.fill_defaults), which costs far more host time than the library call for this 23-argument
+    operator; this class saves and differentiates exactly the same tensors."""
+
+    @staticmethod
+    def forward(*args):
+        if torch.compiler.is_compiling():
+            return torch.ops.sinkattn.fwd(*args)
+        with torch._C._AutoDispatchBelowAutograd():  # straight to the CPU / CUDA kernel
+            return torch.ops.sinkattn.fwd(*args)
+
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
+
+
+def attention(*args):
+    """(out, softmax_lse, rng_state) of torch.ops.sinkattn.fwd(*args), differentiable (see _Attention)."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args[:5])):
+        return _Attention.apply(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.sinkattn.fwd(*args)

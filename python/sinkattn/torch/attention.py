@@ -19,9 +19,10 @@ __all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func"]
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check(cond: bool, msg: str, exc=ValueError):
+def _check(cond: bool, msg, exc=ValueError):
+    """Raises exc("sinkattn: msg") unless cond; msg may be a callable (messages are formatted only on failure)."""
     if not cond:
-        raise exc(f"sinkattn: {msg}")
+        raise exc(f"sinkattn: {msg() if callable(msg) else msg}")
 
 
 def _window(causal: bool, window_size) -> tuple[int, int]:
@@ -41,7 +42,7 @@ def _int32(x: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
     if x is None:
         return None
     _check(isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex(),
-           f"{name} must be an integer tensor", TypeError)
+           lambda: f"{name} must be an integer tensor", TypeError)
     return x if x.dtype == torch.int32 else x.to(torch.int32)
 
 
@@ -143,14 +144,14 @@ def dot_product_attention(
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
-               f"{name} must be a float32, float16 or bfloat16 tensor, got "
+               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
                f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
     if softmax_type is None:
         softmax_type = "learnable" if sinks is not None else "vanilla"
     _check(softmax_type in _ops.SOFTMAX_TYPES,
-           f"softmax_type must be one of {list(_ops.SOFTMAX_TYPES)}, got {softmax_type!r}")
+           lambda: f"softmax_type must be one of {list(_ops.SOFTMAX_TYPES)}, got {softmax_type!r}")
     _check(mask_alignment in _ops.ALIGNMENTS,
-           f"mask_alignment must be one of {list(_ops.ALIGNMENTS)}, got {mask_alignment!r}")
+           lambda: f"mask_alignment must be one of {list(_ops.ALIGNMENTS)}, got {mask_alignment!r}")
     window_left, window_right = _window(causal, window_size)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
 
@@ -162,13 +163,13 @@ def dot_product_attention(
                "seqlens_q / seqlens_kv describe a padded dense batch; varlen uses cu_seqlens (and seqused_kv)")
         _check(bias is None, "bias is not defined for varlen (cu_seqlens) inputs (SPEC.md section 1)")
         _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
-               f"varlen q, k, v must be [total, h, d], got ranks {q.dim()}, {k.dim()}, {v.dim()}")
+               lambda: f"varlen q, k, v must be [total, h, d], got ranks {q.dim()}, {k.dim()}, {v.dim()}")
         max_seqlen_q = int(q.shape[0]) if max_seqlen_q is None else max_seqlen_q
         max_seqlen_kv = int(k.shape[0]) if max_seqlen_kv is None else max_seqlen_kv
     else:
         _check(seqused_kv is None, "seqused_kv is a varlen option (dense batches use seqlens_kv)")
         _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
-               f"q, k, v must be [b, s, h, d] (or [total, h, d] with cu_seqlens), got ranks {q.dim()}, {k.dim()}, "
+               lambda: f"q, k, v must be [b, s, h, d] (or [total, h, d] with cu_seqlens), got ranks {q.dim()}, {k.dim()}, "
                f"{v.dim()}")
         max_seqlen_q, max_seqlen_kv = int(q.shape[1]), int(k.shape[1])
 
@@ -177,10 +178,11 @@ def dot_product_attention(
     if sinks is not None:
         _check(isinstance(sinks, torch.Tensor) and sinks.is_floating_point(), "sinks must be a float tensor [h_q]",
                TypeError)
-        sinks = sinks.to(torch.float32)  # differentiable: d_sinks comes back in the sinks' own dtype
+        if sinks.dtype != torch.float32:
+            sinks = sinks.to(torch.float32)  # differentiable: d_sinks comes back in the sinks' own dtype
     if bias is not None:
         _check(isinstance(bias, torch.Tensor) and bias.is_floating_point(), "bias must be a float tensor", TypeError)
-        _check(bias.dim() <= 4, f"bias must have at most 4 dims (broadcastable to [b, h_q, s_q, s_kv]), got "
+        _check(bias.dim() <= 4, lambda: f"bias must have at most 4 dims (broadcastable to [b, h_q, s_q, s_kv]), got "
                f"{tuple(bias.shape)}")
         if bias.dtype not in (torch.float32, q.dtype):
             bias = bias.to(torch.float32)
@@ -190,14 +192,14 @@ def dot_product_attention(
             try:
                 bias = bias.expand(bias.shape[0], bias.shape[1], s_q, s_kv)
             except RuntimeError:
-                _check(False, f"bias of shape {tuple(bias.shape)} is not broadcastable to [b, h_q, s_q, s_kv] = "
+                _check(False, lambda: f"bias of shape {tuple(bias.shape)} is not broadcastable to [b, h_q, s_q, s_kv] = "
                        f"{(q.shape[0], q.shape[2], s_q, s_kv)}")
         if bias.stride(-1) != 1:
             bias = bias.contiguous()
     dropout_p = float(dropout_p)
     rng_in = _rng_seed_offset(q, rng_seed_offset, generator) if dropout_p > 0.0 else None
 
-    out, lse, rng_state = torch.ops.sinkattn.fwd(
+    out, lse, rng_state = _ops.attention(
         q, k, v, sinks, bias, _int32(cu_seqlens_q, "cu_seqlens_q"), _int32(cu_seqlens_kv, "cu_seqlens_kv"),
         _int32(seqused_kv, "seqused_kv"), _int32(seqlens_q, "seqlens_q"), _int32(seqlens_kv, "seqlens_kv"), None,
         int(max_seqlen_q), int(max_seqlen_kv), _ops.SOFTMAX_TYPES[softmax_type],
