@@ -7,6 +7,8 @@ Tiny shapes (b=1, s=1, h=1, d=8, learnable sinks, causal), so that the work itse
   C ABI               size query + sinkattn_forward / sinkattn_backward through ctypes on prepared tensors
   op                  torch.ops.sinkattn.fwd / bwd (dispatcher, argument boxing, output and workspace allocation)
   flash_attn_func     the Python API (argument checks, sink upcast), without and with autograd (forward + backward)
+  custom_op + ctypes  the other binding route, for the record: a torch.library.custom_op in Python whose body fills
+                      sinkattn_params_t through ctypes and makes the same C ABI call (forward only, no fake kernel)
 The op's overhead is  op - (C ABI - 2 x ctypes no-op)  (the C ABI line pays two ctypes calls).
 Usage: bench_torch_overhead.py [--device cpu|cuda] [--iters N]"""
 import argparse
@@ -64,11 +66,20 @@ def main():
     def fb():
         st.flash_attn_func(qg, kg, vg, causal=True, learnable_sink=sg).backward(d_out)
 
+    @torch.library.custom_op("sinkattn_route_probe::fwd", mutates_args=())
+    def probe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = q.new_empty(q.shape)
+        l = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        pp, keep = torch_cabi.params(lib, q=q, k=k, v=v, sinks=sinks, out=o, softmax_lse=l)
+        torch_cabi.call(lib, pp)
+        return o, l
+
     rows = [
         ("ctypes no-op", timed(lambda: lib.sinkattn_params_size(), n)),
         ("C ABI forward", timed(lambda: torch_cabi.call(lib, pf), n)),
         ("op forward", timed(lambda: torch.ops.sinkattn.fwd(*fwd_args), n)),
         ("flash_attn_func (no grad)", timed(lambda: st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks), n)),
+        ("custom_op + ctypes forward", timed(lambda: probe(q, k, v, sinks), n)),
         ("C ABI backward", timed(lambda: torch_cabi.call(lib, pb, backward=True), n)),
         ("op backward", timed(lambda: torch.ops.sinkattn.bwd(*bwd_args), n)),
         ("flash_attn_func fwd+bwd (autograd)", timed(fb, n // 4)),

@@ -3,7 +3,9 @@
 # sweep against the CPU backend and the float64 reference), compute-sanitizer memcheck and racecheck on small
 # cases, determinism (inside the suite: bitwise repeats of deterministic calls), and the benchmarks
 # (sinkattn_gpu_bench, `sinkattn bench --backend cuda` when the command is built, bench/bench_torch.py), and,
-# with "python" in STEPS, tools/gpu-python-check.sh (the Python package built with CUDA: pytest + example).
+# with "python" in STEPS, tools/gpu-python-check.sh (the Python package built with CUDA: pytest + example), and with
+# "torchop", tools/gpu-torch-check.sh (the PyTorch operators: torch tests on the GPU, op vs FlexAttention / SDPA / the
+# C ABI, host overhead, the HF GPT-OSS example; TORCH_STEPS selects its parts).
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
@@ -12,7 +14,7 @@
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer bench torch"; optional: python), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
+# STEPS (default "suite sanitizer bench torch"; optional: python, torchop), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -104,6 +106,13 @@ if [[ " $STEPS " == *" python "* ]]; then
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "python (tools/gpu-python-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
+fi
+if [[ " $STEPS " == *" torchop "* ]]; then
+  t0=$(date +%s)
+  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "${TORCHOP_TIMEOUT:-590}" bash tools/gpu-torch-check.sh
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "torchop (tools/gpu-torch-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
 fi
 note "gpu-check: status=$status"
 exit $status

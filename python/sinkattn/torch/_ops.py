@@ -117,16 +117,20 @@ class _Attention(torch.autograd.Function):
     """torch.ops.sinkattn.fwd with the autograd formula of _backward, as a plain autograd.Function: what the API
     calls. torch.library's registered autograd path rebinds every argument against the schema on each call
     (torch._library.utils.fill_defaults), which costs far more host time than the library call for this 23-argument
-    operator; this class saves and differentiates exactly the same tensors."""
+    operator; this class saves and differentiates exactly the same tensors (the same functions do it)."""
 
+    # forward(ctx, ...) without a separate setup_context: autograd.Function.apply then skips binding the arguments
+    # to forward's signature (inspect) on every call.
     @staticmethod
-    def forward(*args):
+    def forward(ctx, *args):
         if torch.compiler.is_compiling():
-            return torch.ops.sinkattn.fwd(*args)
-        with torch._C._AutoDispatchBelowAutograd():  # straight to the CPU / CUDA kernel
-            return torch.ops.sinkattn.fwd(*args)
+            output = torch.ops.sinkattn.fwd(*args)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():  # straight to the CPU / CUDA kernel
+                output = torch.ops.sinkattn.fwd(*args)
+        _setup_context(ctx, args, output)
+        return output
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 
