@@ -33,6 +33,12 @@ def visible_pairs(s, window):
     return sum(min(i + 1, window + 1) if window >= 0 else i + 1 for i in range(s))
 
 
+def random_sets(q_shape, kv_shape, dev, n=3):
+    """n sets of bf16 (q, k, v, d_out), q / k / v requiring grad, to rotate the inputs of timed calls over."""
+    mk = lambda shape, grad: torch.randn(*shape, device=dev, dtype=torch.bfloat16, requires_grad=grad)
+    return [(mk(q_shape, True), mk(kv_shape, True), mk(kv_shape, True), mk(q_shape, False)) for _ in range(n)]
+
+
 def bench(fn, sets, reps=20, warmup=3):
     times = []
     for r in range(warmup + reps):
@@ -55,13 +61,7 @@ def main():
     flex = torch.compile(flex_attention) if flex_attention is not None else None
     for name, b, s, hq, hkv, d, win, sinks in SHAPES:
         fwd_flop = 4.0 * b * hq * d * visible_pairs(s, win)
-        sets = []
-        for _ in range(3):
-            q = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            g = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16)
-            sets.append((q, k, v, g))
+        sets = random_sets((b, hq, s, d), (b, hkv, s, d), dev)  # BHSD, as SDPA and FlexAttention take them
         sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=sinks)
 
         def report(method, f_fwd, f_fb):
@@ -132,13 +132,7 @@ def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch_cabi
 
-    sets = []
-    for _ in range(3):
-        q = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        k = torch.randn(b, s, hkv, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        v = torch.randn(b, s, hkv, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        g = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16)
-        sets.append((q, k, v, g))
+    sets = random_sets((b, s, hq, d), (b, s, hkv, d), dev)  # BSHD, as FlashAttention and gpu_bench
     sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=use_sinks)
     sk = sink if use_sinks else None
     window = (win, 0) if win >= 0 else (-1, -1)

@@ -100,19 +100,17 @@ if [[ " $STEPS " == *" torch "* ]]; then
   note "bench_torch: rc=$? (bench_torch.log)"
   tail -12 "$OUT/bench_torch.log" | tee -a "$SUMMARY"
 fi
-if [[ " $STEPS " == *" python "* ]]; then
+# A step that is a script of its own: step name, script, timeout in seconds.
+script_step() {
+  [[ " $STEPS " == *" $1 "* ]] || return 0
+  local t0 rc
   t0=$(date +%s)
-  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "${PYTHON_TIMEOUT:-420}" bash tools/gpu-python-check.sh
+  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "$3" bash "$2"
   rc=$?
   [ $rc -eq 0 ] || status=1
-  note "python (tools/gpu-python-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
-fi
-if [[ " $STEPS " == *" torchop "* ]]; then
-  t0=$(date +%s)
-  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "${TORCHOP_TIMEOUT:-590}" bash tools/gpu-torch-check.sh
-  rc=$?
-  [ $rc -eq 0 ] || status=1
-  note "torchop (tools/gpu-torch-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
-fi
+  note "$1 ($2): rc=$rc in $(($(date +%s) - t0)) s"
+}
+script_step python tools/gpu-python-check.sh "${PYTHON_TIMEOUT:-420}"
+script_step torchop tools/gpu-torch-check.sh "${TORCHOP_TIMEOUT:-590}"
 note "gpu-check: status=$status"
 exit $status

@@ -164,33 +164,49 @@ struct Placement {
   }
 };
 
-void set_options(sinkattn_params_t* p, int64_t softmax_type, std::optional<double> softmax_scale, int64_t window_left,
-                 int64_t window_right, int64_t mask_alignment, double dropout_p, int64_t max_seqlen_q,
-                 int64_t max_seqlen_kv, bool trust_device_batch_tensors) {
-  p->softmax_type = static_cast<sinkattn_softmax_type_t>(softmax_type);
-  p->softmax_scale = softmax_scale.has_value() ? static_cast<float>(*softmax_scale) : NAN;
-  p->window_left = window_left;
-  p->window_right = window_right;
-  p->mask_alignment = static_cast<sinkattn_mask_alignment_t>(mask_alignment);
-  p->dropout_p = dropout_p;
-  p->max_seqlen_q = max_seqlen_q;
-  p->max_seqlen_kv = max_seqlen_kv;
-  p->trust_device_batch_tensors = trust_device_batch_tensors ? 1 : 0;
-}
+// The part of sinkattn_params_t that forward and backward share (SPEC.md sections 1-2): q, k, v, sinks, bias, the
+// batch description and the options, with the backend placement; every tensor is checked to be on q's device.
+struct Call {
+  sinkattn_params_t p;
+  Placement where;
+  Views view;
 
-void set_batch(sinkattn_params_t* p, Views& view, const Tensor& q, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_kv,
-               const OptTensor& seqused_kv, const OptTensor& seqlens_q, const OptTensor& seqlens_kv) {
-  same_device(q, cu_seqlens_q, "cu_seqlens_q");
-  same_device(q, cu_seqlens_kv, "cu_seqlens_kv");
-  same_device(q, seqused_kv, "seqused_kv");
-  same_device(q, seqlens_q, "seqlens_q");
-  same_device(q, seqlens_kv, "seqlens_kv");
-  p->cu_seqlens_q = view(cu_seqlens_q, "cu_seqlens_q");
-  p->cu_seqlens_kv = view(cu_seqlens_kv, "cu_seqlens_kv");
-  p->seqused_kv = view(seqused_kv, "seqused_kv");
-  p->seqlens_q = view(seqlens_q, "seqlens_q");
-  p->seqlens_kv = view(seqlens_kv, "seqlens_kv");
-}
+  Call(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& sinks, const OptTensor& bias,
+       const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_kv, const OptTensor& seqused_kv,
+       const OptTensor& seqlens_q, const OptTensor& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
+       int64_t softmax_type, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+       int64_t mask_alignment, double dropout_p, bool deterministic, bool trust_device_batch_tensors)
+      : view{q} {
+    sinkattn_params_init(&p);
+    where.place(q, &p);
+    input(k, "k", &p.k);
+    input(v, "v", &p.v);
+    input(sinks, "sinks", &p.sinks);
+    input(bias, "bias", &p.bias);
+    input(cu_seqlens_q, "cu_seqlens_q", &p.cu_seqlens_q);
+    input(cu_seqlens_kv, "cu_seqlens_kv", &p.cu_seqlens_kv);
+    input(seqused_kv, "seqused_kv", &p.seqused_kv);
+    input(seqlens_q, "seqlens_q", &p.seqlens_q);
+    input(seqlens_kv, "seqlens_kv", &p.seqlens_kv);
+    p.q = view(q, "q");
+    p.softmax_type = static_cast<sinkattn_softmax_type_t>(softmax_type);
+    p.softmax_scale = softmax_scale.has_value() ? static_cast<float>(*softmax_scale) : NAN;
+    p.window_left = window_left;
+    p.window_right = window_right;
+    p.mask_alignment = static_cast<sinkattn_mask_alignment_t>(mask_alignment);
+    p.dropout_p = dropout_p;
+    p.max_seqlen_q = max_seqlen_q;
+    p.max_seqlen_kv = max_seqlen_kv;
+    p.deterministic = deterministic ? 1 : 0;
+    p.trust_device_batch_tensors = trust_device_batch_tensors ? 1 : 0;
+  }
+
+  // A tensor the call reads: on q's device, viewed into `field`.
+  void input(const OptTensor& t, const char* name, sinkattn_tensor_t* field) {
+    same_device(view.like, t, name);
+    *field = view(t, name);
+  }
+};
 
 // The library's workspace (SPEC.md section 4), sized by its own query, from PyTorch's allocator. The query runs
 // with trust_device_batch_tensors set: it only sizes the call, and the run checks the batch tensors (at most once).
@@ -229,30 +245,14 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
     fail(std::string("q: rank must be ") + (varlen ? "3 for [total_q, h_q, d] (varlen)" : "4 for [b, s_q, h_q, d] (dense)") +
          ", got " + std::to_string(q.dim()));
   if (v.dim() != q.dim()) fail("v: rank must be " + std::to_string(q.dim()) + " like q, got " + std::to_string(v.dim()));
-  same_device(q, k, "k");
-  same_device(q, v, "v");
-  same_device(q, sinks, "sinks");
-  same_device(q, bias, "bias");
-  same_device(q, page_table, "page_table");
-  same_device(q, rng_seed_offset, "rng_seed_offset");
-
-  sinkattn_params_t p;
-  sinkattn_params_init(&p);
-  Placement where;
-  where.place(q, &p);
-  Views view{q};
-  p.q = view(q, "q");
-  p.k = view(k, "k");
-  p.v = view(v, "v");
-  p.sinks = view(sinks, "sinks");
-  p.bias = view(bias, "bias");
-  set_batch(&p, view, q, cu_seqlens_q, cu_seqlens_kv, seqused_kv, seqlens_q, seqlens_kv);
-  p.page_table = view(page_table, "page_table");
-  p.rng_seed_offset = view(rng_seed_offset, "rng_seed_offset");
-  set_options(&p, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p, max_seqlen_q,
-              max_seqlen_kv, trust_device_batch_tensors);
+  Call call(q, k, v, sinks, bias, cu_seqlens_q, cu_seqlens_kv, seqused_kv, seqlens_q, seqlens_kv, max_seqlen_q,
+            max_seqlen_kv, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p,
+            deterministic,  // a backward option: carried by the forward for its autograd formula
+            trust_device_batch_tensors);
+  sinkattn_params_t& p = call.p;
+  call.input(page_table, "page_table", &p.page_table);
+  call.input(rng_seed_offset, "rng_seed_offset", &p.rng_seed_offset);
   p.num_splits = static_cast<int32_t>(num_splits);
-  p.deterministic = deterministic ? 1 : 0;  // a backward option: carried by the forward for its autograd formula
 
   const int64_t h_q = q.size(varlen ? 1 : 2), d_v = v.size(-1);
   Tensor out = varlen ? new_tensor({q.size(0), h_q, d_v}, torch_dtype(q), q)
@@ -260,9 +260,9 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
   Tensor lse = varlen ? new_tensor({h_q, q.size(0)}, aoti_torch_dtype_float32(), q)
                       : new_tensor({q.size(0), h_q, q.size(1)}, aoti_torch_dtype_float32(), q);
   Tensor rng_state = new_tensor({2}, aoti_torch_dtype_int64(), q);
-  p.out = view(out, "out");
-  p.softmax_lse = view(lse, "softmax_lse");
-  p.rng_state = view(rng_state, "rng_state");
+  p.out = call.view(out, "out");
+  p.softmax_lse = call.view(lse, "softmax_lse");
+  p.rng_state = call.view(rng_state, "rng_state");
   const std::optional<Tensor> ws = workspace(&p, /*backward=*/false, q);
   clear_unowned_rows(varlen, {&out}, &lse);
   check_status(sinkattn_forward(&p));
@@ -276,35 +276,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd(
     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right, int64_t mask_alignment,
     double dropout_p, OptTensor rng_state, bool deterministic, bool trust_device_batch_tensors) {
   const bool varlen = cu_seqlens_q.has_value();
-  same_device(q, d_out, "d_out");
-  same_device(q, k, "k");
-  same_device(q, v, "v");
-  same_device(q, out, "out");
-  same_device(q, softmax_lse, "softmax_lse");
-  same_device(q, d_lse, "d_lse");
-  same_device(q, sinks, "sinks");
-  same_device(q, bias, "bias");
-  same_device(q, rng_state, "rng_state");
-
-  sinkattn_params_t p;
-  sinkattn_params_init(&p);
-  Placement where;
-  where.place(q, &p);
-  Views view{q};
-  p.q = view(q, "q");
-  p.k = view(k, "k");
-  p.v = view(v, "v");
-  p.out = view(out, "out");
-  p.softmax_lse = view(softmax_lse, "softmax_lse");
-  p.d_out = view(d_out, "d_out");
-  p.d_lse = view(d_lse, "d_lse");
-  p.sinks = view(sinks, "sinks");
-  p.bias = view(bias, "bias");
-  set_batch(&p, view, q, cu_seqlens_q, cu_seqlens_kv, seqused_kv, seqlens_q, seqlens_kv);
-  p.rng_state = dropout_p > 0.0 ? view(rng_state, "rng_state") : sinkattn_tensor_t{};
-  set_options(&p, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p, max_seqlen_q,
-              max_seqlen_kv, trust_device_batch_tensors);
-  p.deterministic = deterministic ? 1 : 0;
+  Call call(q, k, v, sinks, bias, cu_seqlens_q, cu_seqlens_kv, seqused_kv, seqlens_q, seqlens_kv, max_seqlen_q,
+            max_seqlen_kv, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p,
+            deterministic, trust_device_batch_tensors);
+  sinkattn_params_t& p = call.p;
+  call.input(out, "out", &p.out);
+  call.input(softmax_lse, "softmax_lse", &p.softmax_lse);
+  call.input(d_out, "d_out", &p.d_out);
+  call.input(d_lse, "d_lse", &p.d_lse);
+  if (dropout_p > 0.0) call.input(rng_state, "rng_state", &p.rng_state);
 
   auto shape = [](const Tensor& t) {
     std::vector<int64_t> s(static_cast<size_t>(t.dim()));
@@ -319,11 +299,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd(
                                                   : new_tensor({0}, aoti_torch_dtype_float32(), q);
   Tensor d_bias = bias.has_value() ? new_tensor(shape(*bias), torch_dtype(*bias), q)
                                    : new_tensor({0}, aoti_torch_dtype_float32(), q);
-  p.dq = view(dq, "dq");
-  p.dk = view(dk, "dk");
-  p.dv = view(dv, "dv");
-  if (learnable) p.d_sinks = view(d_sinks, "d_sinks");
-  if (bias.has_value()) p.d_bias = view(d_bias, "d_bias");
+  p.dq = call.view(dq, "dq");
+  p.dk = call.view(dk, "dk");
+  p.dv = call.view(dv, "dv");
+  if (learnable) p.d_sinks = call.view(d_sinks, "d_sinks");
+  if (bias.has_value()) p.d_bias = call.view(d_bias, "d_bias");
   const std::optional<Tensor> ws = workspace(&p, /*backward=*/true, q);
   clear_unowned_rows(varlen, {&dq, &dk, &dv}, nullptr);
   check_status(sinkattn_backward(&p));
