@@ -3,9 +3,15 @@
 FlexAttention with the sink applied through its LSE (out * sigmoid(lse - sink), torch.compile'd), forward and
 forward + backward, bf16, b=2, s=4096, causal, on the shapes of `sinkattn bench --backend cuda`:
 GPT-OSS full layer (h_q 64, h_kv 8, d 64, sinks), GPT-OSS sliding layer (window 127), MHA (h 32, d 128).
+With the sinkattn PyTorch operators installed (sinkattn.torch), in the same run: sinkattn through its PyTorch API
+(flash_attn_func, autograd), and the operators torch.ops.sinkattn.fwd / bwd against the C ABI calls they wrap
+(sinkattn_forward / sinkattn_backward through ctypes on the same tensors and stream, bench/torch_cabi.py): the
+"op / C ABI" column is the ratio of their times (per-call CUDA events after a synchronisation, so the host time of
+each call counts).
 FLOPs: forward 4 * b * h_q * d * visible pairs, backward 2.5x (forward + backward = 3.5x).
 Times: CUDA events, median of `reps` after warm-up, inputs rotated over 3 sets."""
 import math
+import os
 import sys
 
 import torch
@@ -25,6 +31,12 @@ SHAPES = [
 
 def visible_pairs(s, window):
     return sum(min(i + 1, window + 1) if window >= 0 else i + 1 for i in range(s))
+
+
+def random_sets(q_shape, kv_shape, dev, n=3):
+    """n sets of bf16 (q, k, v, d_out), q / k / v requiring grad, to rotate the inputs of timed calls over."""
+    mk = lambda shape, grad: torch.randn(*shape, device=dev, dtype=torch.bfloat16, requires_grad=grad)
+    return [(mk(q_shape, True), mk(kv_shape, True), mk(kv_shape, True), mk(q_shape, False)) for _ in range(n)]
 
 
 def bench(fn, sets, reps=20, warmup=3):
@@ -49,13 +61,7 @@ def main():
     flex = torch.compile(flex_attention) if flex_attention is not None else None
     for name, b, s, hq, hkv, d, win, sinks in SHAPES:
         fwd_flop = 4.0 * b * hq * d * visible_pairs(s, win)
-        sets = []
-        for _ in range(3):
-            q = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(b, hkv, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            g = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16)
-            sets.append((q, k, v, g))
+        sets = random_sets((b, hq, s, d), (b, hkv, s, d), dev)  # BHSD, as SDPA and FlexAttention take them
         sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=sinks)
 
         def report(method, f_fwd, f_fb):
@@ -108,7 +114,71 @@ def main():
             report("flex + sink via lse", flex_fwd, flex_fb)
         except Exception as e:  # noqa: BLE001
             print(f"{name:16s} flex failed: {type(e).__name__}: {e}")
+
+        try:
+            sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
     return 0
+
+
+def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
+    """sinkattn through its PyTorch API (BSHD tensors, as gpu_bench), then the operators against the C ABI."""
+    try:
+        import sinkattn.torch as st
+    except ImportError as e:
+        print(f"{name:16s} sinkattn.torch not available: {e}")
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_cabi
+
+    sets = random_sets((b, s, hq, d), (b, s, hkv, d), dev)  # BSHD, as FlashAttention and gpu_bench
+    sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=use_sinks)
+    sk = sink if use_sinks else None
+    window = (win, 0) if win >= 0 else (-1, -1)
+
+    def api_fwd(q, k, v, g):
+        with torch.no_grad():
+            return st.flash_attn_func(q, k, v, causal=True, window_size=window, learnable_sink=sk)
+
+    def api_fb(q, k, v, g):
+        st.flash_attn_func(q, k, v, causal=True, window_size=window, learnable_sink=sk).backward(g)
+
+    tf, tfb = bench(api_fwd, sets), bench(api_fb, sets)
+    print(f"{name:16s} {'sinkattn (torch API)':22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
+          f"{2.5 * fwd_flop / max(tfb - tf, 1e-6) * 1e-9:9.1f}", flush=True)
+
+    lib = torch_cabi.library()
+    st_type = 2 if use_sinks else 0
+    ops_sets, c_fwd, c_bwd, keep = [], [], [], []
+    for q, k, v, g in sets:
+        q, k, v = q.detach(), k.detach(), v.detach()
+        fargs = (q, k, v, sk.detach() if use_sinks else None, None, None, None, None, None, None, None, s, s, st_type,
+                 None, win, 0, 0, 0.0, None, False, False, 0)
+        out, lse, rng = torch.ops.sinkattn.fwd(*fargs)
+        bargs = (g, q, k, v, out, lse, None, fargs[3], None, None, None, None, None, None, s, s, st_type, None, win, 0,
+                 0, 0.0, rng, False, False)
+        ops_sets.append((fargs, bargs))
+        tensors = dict(q=q, k=k, v=v, out=torch.empty_like(out), softmax_lse=torch.empty_like(lse))
+        if use_sinks:
+            tensors["sinks"] = fargs[3]
+        pf, kf = torch_cabi.params(lib, causal=True, window_left=win, learnable=use_sinks, **tensors)
+        grads = dict(d_out=g, dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
+        if use_sinks:
+            grads["d_sinks"] = torch.empty_like(fargs[3])
+        pb, kb = torch_cabi.params(lib, backward=True, causal=True, window_left=win, learnable=use_sinks,
+                                   **dict(tensors, out=out, softmax_lse=lse), **grads)
+        c_fwd.append((pf,))
+        c_bwd.append((pb,))
+        keep += [tensors, grads, kf, kb]
+    t_op_f = bench(lambda fa, ba: torch.ops.sinkattn.fwd(*fa), ops_sets)
+    t_c_f = bench(lambda p: torch_cabi.call(lib, p), c_fwd)
+    t_op_b = bench(lambda fa, ba: torch.ops.sinkattn.bwd(*ba), ops_sets)
+    t_c_b = bench(lambda p: torch_cabi.call(lib, p, backward=True), c_bwd)
+    print(f"{name:16s} {'sinkattn op / C ABI':22s} fwd {t_op_f:.3f} / {t_c_f:.3f} ms ({t_op_f / t_c_f:.3f}x, "
+          f"{fwd_flop / t_op_f * 1e-9:.1f} / {fwd_flop / t_c_f * 1e-9:.1f} TF/s); bwd {t_op_b:.3f} / {t_c_b:.3f} ms "
+          f"({t_op_b / t_c_b:.3f}x, {2.5 * fwd_flop / t_op_b * 1e-9:.1f} / {2.5 * fwd_flop / t_c_b * 1e-9:.1f} TF/s)",
+          flush=True)
 
 
 if __name__ == "__main__":

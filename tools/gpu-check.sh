@@ -8,6 +8,8 @@
 # built with CUDA: pytest + example), and with "cp" in STEPS, tools/gpu-cp-check.sh (context parallelism on all
 # GPUs of the machine: the ring / all-to-all / sharding tests and bench/bench_context_parallel.py;
 # NCCL_NVLS_ENABLE=0).
+# With "torchop" in STEPS, tools/gpu-torch-check.sh (the PyTorch operators: torch tests on the GPU, op vs
+# FlexAttention / SDPA / the C ABI, host overhead, the HF GPT-OSS example; TORCH_STEPS selects its parts).
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
@@ -16,7 +18,7 @@
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer bench torch"; optional: python, cp), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
+# STEPS (default "suite sanitizer bench torch"; optional: python, cp, torchop), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -104,19 +106,18 @@ if [[ " $STEPS " == *" torch "* ]]; then
   note "bench_torch: rc=$? (bench_torch.log)"
   tail -12 "$OUT/bench_torch.log" | tee -a "$SUMMARY"
 fi
-if [[ " $STEPS " == *" python "* ]]; then
+# A step that is a script of its own: step name, script, timeout in seconds.
+script_step() {
+  [[ " $STEPS " == *" $1 "* ]] || return 0
+  local t0 rc
   t0=$(date +%s)
-  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "${PYTHON_TIMEOUT:-420}" bash tools/gpu-python-check.sh
+  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" timeout "$3" bash "$2"
   rc=$?
   [ $rc -eq 0 ] || status=1
-  note "python (tools/gpu-python-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
-fi
-if [[ " $STEPS " == *" cp "* ]]; then
-  t0=$(date +%s)
-  OUT="$OUT" CUDA_ARCHS="${CUDA_ARCHS:-90a}" bash tools/gpu-cp-check.sh
-  rc=$?
-  [ $rc -eq 0 ] || status=1
-  note "context parallel (tools/gpu-cp-check.sh): rc=$rc in $(($(date +%s) - t0)) s"
-fi
+  note "$1 ($2): rc=$rc in $(($(date +%s) - t0)) s"
+}
+script_step python tools/gpu-python-check.sh "${PYTHON_TIMEOUT:-420}"
+script_step cp tools/gpu-cp-check.sh "${CP_TIMEOUT:-590}"
+script_step torchop tools/gpu-torch-check.sh "${TORCHOP_TIMEOUT:-590}"
 note "gpu-check: status=$status"
 exit $status

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything sinkattn needs on a fresh Debian machine: build tools and C++ libraries from Debian's
-# packages, Python tools from PyPI into ./.venv. Idempotent; safe to run again.
+# packages, Python tools from PyPI into ./.venv (JAX, PyTorch, transformers, ...). Idempotent; safe to run again:
+# what is already importable is not installed again (PyTorch's wheel and its CUDA runtime packages, ~3 GB, are
+# downloaded once; pip's cache serves later setups).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +20,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1; then
   echo "setup: installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt

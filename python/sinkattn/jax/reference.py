@@ -201,8 +201,13 @@ def dot_product_attention(
     dropout_rng=None,
     deterministic: bool = False,
     return_lse: bool = False,
+    dropout_words=None,
 ):
-    """Reference of ``sinkattn.jax.dot_product_attention`` (see its docstring for the arguments)."""
+    """Reference of ``sinkattn.jax.dot_product_attention`` (see its docstring for the arguments).
+
+    ``dropout_words`` (reference only): the uint32[4] seed/offset words {lo32(seed), hi32(seed), lo32(offset),
+    hi32(offset)} in place of ``dropout_rng``, for bindings whose ``rng_seed_offset`` does not come from a JAX key
+    (the PyTorch tests)."""
     del deterministic  # a property of the fused backward only
     mask_arg = mask
     softmax_type = resolve_softmax_type(softmax_type, sinks)
@@ -309,9 +314,9 @@ def dot_product_attention(
     prob = e / z_safe[..., None]  # P_ij = exp(S_ij - LSE_i); the sink has no value vector
 
     if dropout_rate > 0.0:
-        if dropout_rng is None:
-            raise ValueError("sinkattn reference: dropout_rate > 0 needs dropout_rng")
-        words = rng_seed_offset_words(dropout_rng)
+        if dropout_rng is None and dropout_words is None:
+            raise ValueError("sinkattn reference: dropout_rate > 0 needs dropout_rng (or dropout_words)")
+        words = jnp.asarray(dropout_words, jnp.uint32) if dropout_words is not None else rng_seed_offset_words(dropout_rng)
         hh = (jnp.arange(h_kv)[:, None] * g + jnp.arange(g)[None, :])[None, :, :, None, None]
         nn = jnp.maximum(n_q, 0)[:, None, None, :, None]
         keep = dropout_keep(words, nn, hh, jnp.maximum(pos_q, 0)[:, None, None, :, None],

@@ -1,0 +1,312 @@
+"""The PyTorch API of sinkattn: ``dot_product_attention`` (all of SPEC.md) and the FlashAttention-style
+``flash_attn_func`` / ``flash_attn_varlen_func``, over ``torch.ops.sinkattn.fwd`` / ``bwd`` (see _ops.py).
+
+Everything here is shape bookkeeping in Python that torch.compile traces (no host read of a device tensor, no
+data-dependent branch): the work is one operator call forward and one backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _ops
+
+__all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check(cond: bool, msg, exc=ValueError):
+    """Raises exc("sinkattn: msg") unless cond; msg may be a callable (messages are formatted only on failure)."""
+    if not cond:
+        raise exc(f"sinkattn: {msg() if callable(msg) else msg}")
+
+
+def _window(causal: bool, window_size) -> tuple[int, int]:
+    """(window_left, window_right) of SPEC.md section 2 from FlashAttention's arguments: window_size = (left, right),
+    inclusive, -1 (or None) unbounded; causal sets right = 0 (min(right, 0) when a right bound is given)."""
+    if window_size is None:
+        window_size = (-1, -1)
+    left, right = window_size
+    left = -1 if left is None or left < 0 else int(left)
+    right = -1 if right is None or right < 0 else int(right)
+    if causal:
+        right = 0
+    return left, right
+
+
+def _int32(x: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+    if x is None:
+        return None
+    _check(isinstance(x, torch.Tensor) and not x.is_floating_point() and not x.is_complex(),
+           lambda: f"{name} must be an integer tensor", TypeError)
+    return x if x.dtype == torch.int32 else x.to(torch.int32)
+
+
+def _rng_seed_offset(q: torch.Tensor, rng_seed_offset, generator) -> torch.Tensor:
+    """int64 [2] {seed, offset} of SPEC.md section 2 on q's device: as given, or drawn from PyTorch's RNG (the
+    default generator of q's device, or `generator`) without a host round trip, so it is CUDA-graph capturable."""
+    if rng_seed_offset is not None:
+        _check(isinstance(rng_seed_offset, torch.Tensor) and rng_seed_offset.dtype == torch.int64
+               and tuple(rng_seed_offset.shape) == (2,), "rng_seed_offset must be an int64 tensor [2] = {seed, offset}",
+               TypeError)
+        return rng_seed_offset.to(q.device)
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=q.device, generator=generator)
+
+
+def dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    sinks: Optional[torch.Tensor] = None,
+    softmax_type: Optional[str] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Optional[Sequence[Optional[int]]] = (-1, -1),
+    mask_alignment: str = "bottom_right",
+    seqlens_q: Optional[torch.Tensor] = None,
+    seqlens_kv: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_kv: Optional[torch.Tensor] = None,
+    seqused_kv: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    dropout_p: float = 0.0,
+    rng_seed_offset: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    return_rng_state: bool = False,
+    trust_device_batch_tensors: bool = False,
+    num_splits: int = 0,
+):
+    """Fused scaled dot-product attention with softmax sinks, forward and backward (all of SPEC.md sections 1-3).
+
+    Per query head h and row i, over the visible keys j of the same sequence::
+
+        S_ij = softmax_scale * q_i . k_j + bias_ij
+        sigma = sinks[h] (learnable) | 0 (off_by_one) | -inf (vanilla)      -- never multiplied by softmax_scale
+        lse_i = log(exp(sigma) + sum_j exp(S_ij));   out_i = sum_j exp(S_ij - lse_i) v_j
+
+    Shapes (FlashAttention's layouts, any strides with a contiguous last dimension, so HF's transposed views need
+    no copy): dense ``q [b, s_q, h_q, d]``, ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, d_v]``; varlen
+    (``cu_seqlens_q`` given) ``q [total_q, h_q, d]``, ``k / v [total_kv, h_kv, d | d_v]``. ``h_q % h_kv == 0`` (MHA,
+    GQA, MQA). Dtypes float32, float16 or bfloat16, the same for q, k, v (CPU: all three; CUDA: all three, fp32
+    on a SIMT path). CPU tensors run on the library's CPU backend, CUDA tensors on its CUDA backend on PyTorch's
+    current stream.
+
+    Returns ``out`` (q's dtype; ``[b, s_q, h_q, d_v]`` or ``[total_q, h_q, d_v]``), or a tuple ``(out, lse)``
+    (``return_lse``), ``(out, rng_state)`` (``return_rng_state``) or ``(out, lse, rng_state)``. ``lse`` is float32,
+    natural log, includes the sink, ``[b, h_q, s_q]`` or ``[h_q, total_q]``, and differentiable (its gradient is the
+    library's ``d_lse``). ``rng_state`` is int64 ``[2]`` = {seed, offset} of the dropout mask. Rows of a varlen
+    buffer after ``cu_seqlens_q[-1]`` get ``out = 0`` and ``lse = -inf``; their gradients (and those of k / v rows
+    after ``cu_seqlens_kv[-1]``) are 0.
+
+    Args:
+      bias: post-scale additive bias broadcastable to ``[b, h_q, s_q, s_kv]`` (at most 4 dims, right-aligned),
+        float32 or q's dtype (other float dtypes are cast to float32); its gradient comes back in its own shape and
+        dtype. Dense only. A boolean mask belongs here as ``-inf`` where masked (SPEC.md section 3), never as a large
+        finite negative number.
+      sinks: ``[h_q]`` sink logits (float32, bfloat16 or float16: upcast inside, gradient in their own dtype).
+      softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``; default ``"learnable"`` with sinks, else
+        ``"vanilla"``. Sinks are ignored (zero gradient) unless learnable.
+      softmax_scale: default ``1/sqrt(d)``.
+      causal, window_size: FlashAttention's mask: ``window_size = (left, right)``, inclusive, -1 unbounded; key j is
+        visible to query i iff ``i + off - left <= j <= i + off + right``; causal is ``right = 0``. GPT-OSS sliding
+        layers: ``causal=True, window_size=(127, 0)``.
+      mask_alignment: ``"bottom_right"`` (FlashAttention's; ``off = len_kv - len_q`` per sequence) or
+        ``"top_left"`` (``off = 0``).
+      seqlens_q, seqlens_kv: int ``[b]`` actual lengths of a right-padded dense batch: rows ``i >= seqlens_q[n]`` are
+        padding (out = 0, no gradient, lse unspecified), keys ``j >= seqlens_kv[n]`` are masked.
+      cu_seqlens_q, cu_seqlens_kv: int ``[num_seqs + 1]`` varlen offsets (non-decreasing, from 0), with
+        ``max_seqlen_q`` / ``max_seqlen_kv`` (Python ints, upper bounds; default the packed lengths, which is valid
+        but slower than the true maxima) and optional ``seqused_kv`` int ``[num_seqs]`` (keys used per sequence).
+        int64 batch tensors are converted to int32.
+      dropout_p: probability of dropping each ``P_ij`` (never the sink). The keep decision is SPEC.md's Philox
+        function of ``rng_seed_offset`` (int64 ``[2]``, e.g. a returned ``rng_state`` to reproduce a mask), drawn
+        from PyTorch's RNG (``generator``) when not given.
+      deterministic: bitwise reproducible backward (SPEC.md section 3). Not "no dropout".
+      trust_device_batch_tensors: skip the library's check of the contents of CUDA batch tensors (a synchronising
+        read-back of ``b + 1`` entries per call; always skipped while a CUDA graph is being captured). Set it on the
+        hot path when the lengths are known to be valid.
+      num_splits: forward key splits (0: the backend's choice, 1: none).
+
+    Raises:
+      ValueError / TypeError for arguments this layer cannot map onto the library (ranks, dtypes, shapes of bias,
+      exclusive options), and RuntimeError ``"sinkattn: <library message>"`` for every rule of SPEC.md section 4 that
+      the library enforces (shapes, ``h_q % h_kv``, windows, ``p`` range, missing sinks, unsupported head dims,
+      non-monotonic ``cu_seqlens``; under torch.compile at run time).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
+               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
+               f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
+    if softmax_type is None:
+        softmax_type = "learnable" if sinks is not None else "vanilla"
+    _check(softmax_type in _ops.SOFTMAX_TYPES,
+           lambda: f"softmax_type must be one of {list(_ops.SOFTMAX_TYPES)}, got {softmax_type!r}")
+    _check(mask_alignment in _ops.ALIGNMENTS,
+           lambda: f"mask_alignment must be one of {list(_ops.ALIGNMENTS)}, got {mask_alignment!r}")
+    window_left, window_right = _window(causal, window_size)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+
+    varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
+    if varlen:
+        _check(cu_seqlens_q is not None and cu_seqlens_kv is not None,
+               "cu_seqlens_q and cu_seqlens_kv must be given together")
+        _check(seqlens_q is None and seqlens_kv is None,
+               "seqlens_q / seqlens_kv describe a padded dense batch; varlen uses cu_seqlens (and seqused_kv)")
+        _check(bias is None, "bias is not defined for varlen (cu_seqlens) inputs (SPEC.md section 1)")
+        _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+               lambda: f"varlen q, k, v must be [total, h, d], got ranks {q.dim()}, {k.dim()}, {v.dim()}")
+        max_seqlen_q = int(q.shape[0]) if max_seqlen_q is None else max_seqlen_q
+        max_seqlen_kv = int(k.shape[0]) if max_seqlen_kv is None else max_seqlen_kv
+    else:
+        _check(seqused_kv is None, "seqused_kv is a varlen option (dense batches use seqlens_kv)")
+        _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+               lambda: f"q, k, v must be [b, s, h, d] (or [total, h, d] with cu_seqlens), got ranks {q.dim()}, {k.dim()}, "
+               f"{v.dim()}")
+        max_seqlen_q, max_seqlen_kv = int(q.shape[1]), int(k.shape[1])
+
+    if softmax_type != "learnable":
+        sinks = None  # SPEC.md section 2: ignored unless learnable
+    if sinks is not None:
+        _check(isinstance(sinks, torch.Tensor) and sinks.is_floating_point(), "sinks must be a float tensor [h_q]",
+               TypeError)
+        if sinks.dtype != torch.float32:
+            sinks = sinks.to(torch.float32)  # differentiable: d_sinks comes back in the sinks' own dtype
+    if bias is not None:
+        _check(isinstance(bias, torch.Tensor) and bias.is_floating_point(), "bias must be a float tensor", TypeError)
+        _check(bias.dim() <= 4, lambda: f"bias must have at most 4 dims (broadcastable to [b, h_q, s_q, s_kv]), got "
+               f"{tuple(bias.shape)}")
+        if bias.dtype not in (torch.float32, q.dtype):
+            bias = bias.to(torch.float32)
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        s_q, s_kv = q.shape[1], k.shape[1]
+        if tuple(bias.shape[2:]) != (s_q, s_kv):  # the library broadcasts b and h only (stride 0)
+            try:
+                bias = bias.expand(bias.shape[0], bias.shape[1], s_q, s_kv)
+            except RuntimeError:
+                _check(False, lambda: f"bias of shape {tuple(bias.shape)} is not broadcastable to [b, h_q, s_q, s_kv] = "
+                       f"{(q.shape[0], q.shape[2], s_q, s_kv)}")
+        if bias.stride(-1) != 1:
+            bias = bias.contiguous()
+    dropout_p = float(dropout_p)
+    rng_in = _rng_seed_offset(q, rng_seed_offset, generator) if dropout_p > 0.0 else None
+
+    out, lse, rng_state = _ops.attention(
+        q, k, v, sinks, bias, _int32(cu_seqlens_q, "cu_seqlens_q"), _int32(cu_seqlens_kv, "cu_seqlens_kv"),
+        _int32(seqused_kv, "seqused_kv"), _int32(seqlens_q, "seqlens_q"), _int32(seqlens_kv, "seqlens_kv"), None,
+        int(max_seqlen_q), int(max_seqlen_kv), _ops.SOFTMAX_TYPES[softmax_type],
+        None if softmax_scale is None else float(softmax_scale), window_left, window_right,
+        _ops.ALIGNMENTS[mask_alignment], dropout_p, rng_in, bool(deterministic), bool(trust_device_batch_tensors),
+        int(num_splits))
+    res = (out,) + ((lse,) if return_lse else ()) + ((rng_state,) if return_rng_state else ())
+    return res[0] if len(res) == 1 else res
+
+
+def _sink_argument(learnable_sink, s_aux):
+    _check(learnable_sink is None or s_aux is None, "give learnable_sink or its alias s_aux, not both")
+    return learnable_sink if learnable_sink is not None else s_aux
+
+
+def _unsupported_fa_options(softcap, alibi_slopes):
+    _check(not softcap, "softcap is not supported (SPEC.md has no logit soft-capping)")
+    _check(alibi_slopes is None, "alibi_slopes are not supported; pass an ALiBi bias to "
+           "sinkattn.torch.dot_product_attention(bias=...) instead")
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[Optional[int]] = (-1, -1),
+    learnable_sink: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    *,
+    return_attn_probs: bool = False,
+    s_aux: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+):
+    """FlashAttention's ``flash_attn_func`` with a learnable sink: dense ``q [b, s_q, h_q, d]``,
+    ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, d_v]`` (any strides, last dimension contiguous), float32, float16
+    or bfloat16; ``h_q % h_kv == 0``.
+
+    - ``window_size = (left, right)``: inclusive, -1 unbounded; ``causal`` is ``right = 0``, aligned to the bottom
+      right when ``s_q != s_kv`` (FlashAttention 2.1+); ``softmax_scale`` defaults to ``1/sqrt(d)``.
+    - ``learnable_sink`` (alias ``s_aux``, the kernels-hub / vLLM name): ``[h_q]`` float32, bfloat16 or float16 sink
+      logits (upcast inside; their gradient in their own dtype). Without it the softmax is vanilla.
+    - ``dropout_p``: dropout of the attention probabilities (never the sink), Philox keyed by PyTorch's RNG
+      (``generator``); ``deterministic``: bitwise reproducible backward.
+    - Returns ``out [b, s_q, h_q, d_v]`` (q's dtype), or ``(out, softmax_lse)`` with ``return_lse`` or
+      ``return_attn_probs`` (the probabilities are never materialised: as in FlashAttention 3, the LSE stands in
+      for them). ``softmax_lse`` float32 ``[b, h_q, s_q]``, natural log, includes the sink, differentiable.
+    - ``softcap`` and ``alibi_slopes`` are not supported (ValueError, never silently ignored).
+    Errors: see ``dot_product_attention``.
+    """
+    _unsupported_fa_options(softcap, alibi_slopes)
+    return dot_product_attention(
+        q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, dropout_p=dropout_p, generator=generator, deterministic=deterministic,
+        return_lse=bool(return_lse or return_attn_probs))
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[Optional[int]] = (-1, -1),
+    learnable_sink: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    *,
+    seqused_k: Optional[torch.Tensor] = None,
+    return_attn_probs: bool = False,
+    s_aux: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    trust_device_batch_tensors: bool = False,
+):
+    """FlashAttention's ``flash_attn_varlen_func`` with a learnable sink: packed ``q [total_q, h_q, d]``,
+    ``k [total_k, h_kv, d]``, ``v [total_k, h_kv, d_v]``; ``cu_seqlens_q`` / ``cu_seqlens_k`` int32 (int64 is
+    converted) ``[num_seqs + 1]``; ``max_seqlen_q`` / ``max_seqlen_k`` Python ints (upper bounds of the sequence
+    lengths: never read from the device); optional ``seqused_k`` int ``[num_seqs]`` (keys used per sequence).
+
+    Masks, sinks (``learnable_sink`` / ``s_aux``), dropout and return values as ``flash_attn_func``, per sequence;
+    ``softmax_lse`` is ``[h_q, total_q]``. Rows after ``cu_seqlens_q[-1]`` get ``out = 0`` and ``lse = -inf``.
+    ``trust_device_batch_tensors=True`` skips the library's synchronising check of CUDA ``cu_seqlens`` (as
+    FlashAttention, which never checks them): set it on the hot path and for CUDA-graph capture outside
+    ``torch.cuda.graph`` (inside, the check is skipped anyway).
+    """
+    _unsupported_fa_options(softcap, alibi_slopes)
+    return dot_product_attention(
+        q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k, seqused_kv=seqused_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, dropout_p=dropout_p, generator=generator,
+        deterministic=deterministic, return_lse=bool(return_lse or return_attn_probs),
+        trust_device_batch_tensors=trust_device_batch_tensors)
+
+# flash_attn_with_kvcache (paged KV decode, SPEC.md section 1) is not here yet: the library refuses page_table until
+# the paged KV backend lands. The operator already carries it (torch.ops.sinkattn.fwd(..., page_table=...), passed
+# through to sinkattn_params_t.page_table), so the paged API is Python only: page pools k / v
+# [num_pages, page_size, h_kv, d], block_table int32 [b, max_pages] and seqused_k (cache_seqlens) int32 [b] into
+# torch.ops.sinkattn.fwd with dense or varlen q.

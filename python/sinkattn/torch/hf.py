@@ -1,0 +1,142 @@
+"""sinkattn as an attention implementation of HF transformers (GPT-OSS and every model with an attention
+interface), trained and run with the fused sink forward and backward.
+
+    import sinkattn.torch.hf
+    sinkattn.torch.hf.register()                                   # name "sinkattn"
+    model = AutoModelForCausalLM.from_config(GptOssConfig(...), attn_implementation="sinkattn")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sinkattn")
+
+``register`` adds ``attention_forward`` to ``transformers.AttentionInterface`` and FlashAttention's mask function
+(a 2-D padding mask or None: no dense mask is built) to ``AttentionMaskInterface`` under a name without "flash"
+(transformers swaps names containing it for GPT-OSS to its own kernels). What reaches the attention function:
+
+- ``s_aux`` (GPT-OSS: the layer's ``sinks`` parameter): the learnable sink, in its own dtype (upcast inside, its
+  gradient back in its dtype). Without it the softmax is vanilla.
+- ``sliding_window``: HF counts the current token (keys ``i - sliding_window + 1 .. i``), so the window is
+  ``(sliding_window - 1, 0)`` causal (GPT-OSS: 127).
+- a 2-D ``attention_mask`` (padding, any side): the rows are unpadded to a varlen call and scattered back (out = 0
+  on padding rows); a 4-D mask (bool or additive float) is applied as the post-scale bias of a dense call.
+- packed sequences: ``cu_seq_lens_q / cu_seq_lens_k / max_length_q / max_length_k`` kwargs (TRL's padding-free
+  collator), or else ``position_ids`` whose runs restart (any batch size: every run is one sequence).
+- ``dropout`` (HF passes the config's attention dropout in training, 0 in eval): SPEC.md's Philox dropout keyed by
+  PyTorch's RNG; ``deterministic`` kwarg, else ``FLASH_ATTENTION_DETERMINISTIC=1``, for a bitwise reproducible
+  backward; ``scaling`` is ``softmax_scale``. ``softcap`` is rejected (not silently dropped).
+
+The padding and packing paths read lengths back to the host (as HF's FlashAttention path does); the cu_seqlens they
+build are trusted by the library (no second check). Dense batches read nothing back.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .attention import dot_product_attention
+
+__all__ = ["NAME", "register", "attention_forward"]
+
+NAME = "sinkattn"
+_TRUST_CU_SEQ_LENS = [False]
+
+
+def register(name: str = NAME, trust_cu_seq_lens: bool = False) -> str:
+    """Registers sinkattn with transformers under ``name`` (no "flash" in it) and returns the name.
+
+    ``trust_cu_seq_lens``: skip the library's check of caller-given ``cu_seq_lens_*`` kwargs on CUDA (one
+    synchronising read-back per layer; the lengths this module computes itself are always trusted)."""
+    if "flash" in name.lower():
+        raise ValueError(f"sinkattn: the name {name!r} contains 'flash', which transformers replaces for GPT-OSS")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    _TRUST_CU_SEQ_LENS[0] = bool(trust_cu_seq_lens)
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+def _runs_of(position_ids: torch.Tensor, batch: int, length: int) -> Optional[tuple]:
+    """Packed sequences from position_ids [b or 1, s] (a run ends where the next id is not this id + 1, as
+    transformers' masks see it): (cu_seqlens int32, max length) over the flattened b * s tokens, or None when every
+    row is a single run (a plain dense batch). Reads the result back to the host."""
+    pos = position_ids.expand(batch, length)
+    start = torch.ones_like(pos, dtype=torch.bool)
+    start[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    if not bool(start[:, 1:].any()):
+        return None
+    starts = torch.nonzero(start.reshape(-1)).reshape(-1)
+    cu = torch.cat([starts.to(torch.int32), torch.tensor([batch * length], dtype=torch.int32, device=pos.device)])
+    return cu, int(cu.diff().max())
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      sliding_window: Optional[int] = None, softcap: Optional[float] = None,
+                      is_causal: Optional[bool] = None, s_aux: Optional[torch.Tensor] = None, **kwargs):
+    """transformers' attention-interface function: query [b, h_q, s_q, d], key / value [b, h_kv, s_kv, d] (HF's
+    layout; read as strided [b, s, h, d] views without a copy) -> (out [b, s_q, h_q, d_v], None)."""
+    if softcap is not None:
+        raise ValueError("sinkattn: softcap is not supported (SPEC.md has no logit soft-capping)")
+    b, s_q, s_kv = query.shape[0], query.shape[2], key.shape[2]
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal) and not (attention_mask is not None and attention_mask.dim() == 4)
+    window = (-1, -1)
+    if sliding_window is not None and sliding_window > 0:
+        window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    deterministic = kwargs.get("deterministic")
+    if deterministic is None:
+        deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+    opts = dict(sinks=s_aux, softmax_scale=scaling, causal=causal, window_size=window, dropout_p=dropout,
+                deterministic=bool(deterministic))
+    h_q, d_v = q.shape[2], v.shape[3]
+
+    if attention_mask is not None and attention_mask.dim() == 4:  # a prepared mask: the bias of a dense call
+        mask = attention_mask
+        if mask.dtype == torch.bool:
+            bias = torch.where(mask, 0.0, float("-inf"))
+        else:  # transformers' additive masks use the dtype's lowest value: -inf for the library (SPEC.md section 3)
+            bias = mask.masked_fill(mask == torch.finfo(mask.dtype).min, float("-inf"))
+        return dot_product_attention(q, k, v, bias[..., -s_kv:], **opts), None
+
+    if attention_mask is not None:  # 2-D padding mask [b, >= s_kv]: unpad to varlen, pad the result back
+        mask_k = attention_mask[:, -s_kv:].to(torch.bool)
+        mask_q = mask_k[:, -s_q:]
+        len_k, len_q = mask_k.sum(-1, dtype=torch.int32), mask_q.sum(-1, dtype=torch.int32)
+        idx_k = torch.nonzero(mask_k.reshape(-1)).reshape(-1)
+        idx_q = idx_k if s_q == s_kv else torch.nonzero(mask_q.reshape(-1)).reshape(-1)
+        max_q, max_k = (int(x) for x in torch.stack([len_q.max(), len_k.max()]).cpu())
+        out = dot_product_attention(
+            q.reshape(b * s_q, h_q, -1)[idx_q], k.reshape(b * s_kv, k.shape[2], -1)[idx_k],
+            v.reshape(b * s_kv, v.shape[2], -1)[idx_k], cu_seqlens_q=_cu_seqlens(len_q), cu_seqlens_kv=_cu_seqlens(len_k),
+            max_seqlen_q=max_q, max_seqlen_kv=max_k, trust_device_batch_tensors=True, **opts)
+        full = out.new_zeros(b * s_q, h_q, d_v).index_copy(0, idx_q, out)
+        return full.view(b, s_q, h_q, d_v), None
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    trust = _TRUST_CU_SEQ_LENS[0]
+    if cu_q is None or cu_k is None or max_q is None or max_k is None:
+        cu_q = None
+        position_ids = kwargs.get("position_ids")
+        if position_ids is not None and s_q == s_kv and s_q > 1:
+            runs = _runs_of(position_ids, b, s_q)
+            if runs is not None:
+                (cu_q, max_q), trust = runs, True
+                cu_k, max_k = cu_q, max_q
+    if cu_q is not None:  # packed sequences: b * s tokens as one varlen batch
+        max_q = int(max_q) if not isinstance(max_q, torch.Tensor) else int(max_q.item())
+        max_k = int(max_k) if not isinstance(max_k, torch.Tensor) else int(max_k.item())
+        out = dot_product_attention(
+            q.reshape(b * s_q, h_q, -1), k.reshape(b * s_kv, k.shape[2], -1), v.reshape(b * s_kv, v.shape[2], -1),
+            cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max_q, max_seqlen_kv=max_k,
+            trust_device_batch_tensors=trust, **opts)
+        return out.view(b, s_q, h_q, d_v), None
+
+    return dot_product_attention(q, k, v, **opts), None
