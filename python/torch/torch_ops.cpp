@@ -225,12 +225,12 @@ std::optional<Tensor> workspace(sinkattn_params_t* p, bool backward, const Tenso
 
 // SPEC.md section 1: rows of packed (varlen) tensors after cu_seqlens_q[b] / cu_seqlens_kv[b] belong to no sequence
 // and the library never writes them; a binding that allocates the outputs returns out = 0, dq = dk = dv = 0 and
-// LSE = -inf there. This is the one place that does it: until the C ABI has a helper that writes exactly those rows,
-// varlen outputs are filled whole before the call (the library then overwrites every row it owns).
-void clear_unowned_rows(bool varlen, std::initializer_list<Tensor*> zero, Tensor* minus_inf) {
+// LSE = -inf there, through the library's helper (the same for every binding): on the call's stream, writing exactly
+// those rows. The pass has just validated the batch tensors: no second read-back.
+void clear_unowned_rows(bool varlen, sinkattn_params_t* p, bool backward) {
   if (!varlen) return;
-  for (Tensor* t : zero) torch::stable::zero_(*t);
-  if (minus_inf != nullptr) torch::stable::fill_(*minus_inf, -INFINITY);
+  p->trust_device_batch_tensors = 1;
+  check_status(sinkattn_clear_unowned_rows(p, backward ? 1 : 0));
 }
 
 std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor sinks, OptTensor bias,
@@ -264,8 +264,8 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
   p.softmax_lse = call.view(lse, "softmax_lse");
   p.rng_state = call.view(rng_state, "rng_state");
   const std::optional<Tensor> ws = workspace(&p, /*backward=*/false, q);
-  clear_unowned_rows(varlen, {&out}, &lse);
   check_status(sinkattn_forward(&p));
+  clear_unowned_rows(varlen, &p, /*backward=*/false);
   return {out, lse, rng_state};
 }
 
@@ -305,8 +305,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd(
   if (learnable) p.d_sinks = call.view(d_sinks, "d_sinks");
   if (bias.has_value()) p.d_bias = call.view(d_bias, "d_bias");
   const std::optional<Tensor> ws = workspace(&p, /*backward=*/true, q);
-  clear_unowned_rows(varlen, {&dq, &dk, &dv}, nullptr);
   check_status(sinkattn_backward(&p));
+  clear_unowned_rows(varlen, &p, /*backward=*/true);
   return {dq, dk, dv, d_sinks, d_bias};
 }
 
