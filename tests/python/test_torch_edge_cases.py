@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sinkattn.torch as st  # noqa: E402
-from test_jax_op import _plain_low_precision, rel_err, run_ref  # noqa: E402
+from test_jax_op import _plain_low_precision, rel_err, run_ref, run_ref_given_out  # noqa: E402
 from torch_util import DEVICES, poisoned_outputs, to_numpy, to_torch, words_to_rng  # noqa: E402
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "cases", "edge-cases.json")
@@ -125,7 +125,8 @@ def run(tkw, inputs, cts, device, grad):
 
 
 def compare(kw, clean, rows, cts, dt, out, lse, grads):
-    r_out, r_lse, r_grads = run_ref(kw, clean, cts)
+    # a backward is judged with D_i from the out it was fed (SPEC.md sections 3, 5)
+    r_out, r_lse, r_grads = (run_ref_given_out(kw, clean, cts, to_numpy(out)) if grads else run_ref(kw, clean, cts))
     if dt == np.float32:
         tol = dict(out=1e-5, lse=1e-5, **{n: 1e-4 for n in grads})
     else:
