@@ -56,9 +56,10 @@ void mark_unspecified(ref::Result& lowp, const ref::Result& ref64) {
   fix(lowp.d_bias, ref64.d_bias);
 }
 
-bool check_one(const Capture& cap, sinkattn_backend_t backend) {
+bool check_one(const Capture& cap, sinkattn_backend_t backend, int num_splits) {
   std::printf("call: %s\n", describe_call(cap).c_str());
   HostCall call = make_host_call(cap);
+  call.params.num_splits = num_splits;
   auto t0 = std::chrono::steady_clock::now();
   const ExecuteReport rep = execute(call, backend);
   const double t_run = seconds_since(t0);
@@ -117,7 +118,7 @@ int cmd_check(const CheckOptions& o) {
   if (!o.inputs.empty()) {
     const Capture cap = read_capture(o.inputs);
     warn_unknown_tensors(cap);
-    all = check_one(cap, backend);
+    all = check_one(cap, backend, o.num_splits);
   } else {
     const Preset& preset = find_preset(o.preset);
     const std::vector<LayerSpec> layers = select_layers(preset, o.layer);
@@ -145,7 +146,7 @@ int cmd_check(const CheckOptions& o) {
         write_capture(path, cap);
         std::printf("saved call capture to %s\n", path.c_str());
       }
-      all = check_one(cap, backend) && all;
+      all = check_one(cap, backend, o.num_splits) && all;
     }
   }
   return all ? 0 : 1;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "paged_layout.hpp"
 #include "test_util.hpp"
 
 namespace sinkattn::test {
@@ -93,28 +94,11 @@ class PagedProblem {
     const int64_t b = c.b(), ps = c.page_size;
     int64_t longest = 0;
     for (int32_t u : c.seqused) longest = std::max<int64_t>(longest, u);
-    max_pages = (longest + ps - 1) / ps + c.extra_table;
-    cap = max_pages * ps;
-
     // ---- page assignment: a shuffled pool; with share_prefix, sequence 1 reuses sequence 0's first pages ----
-    std::vector<std::vector<int32_t>> pages(static_cast<size_t>(b));
-    int64_t shared = 0;
-    if (c.share_prefix && b >= 2) shared = std::min(c.seqused[0], c.seqused[1]) / ps;  // whole pages in common
-    int64_t needed = 0;
-    for (int64_t n = 0; n < b; ++n) needed += (c.seqused[n] + ps - 1) / ps;
-    needed -= shared;
-    num_pages = needed + c.extra_pages;
-    std::vector<int32_t> perm(static_cast<size_t>(num_pages));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    size_t next = 0;
-    for (int64_t n = 0; n < b; ++n) {
-      const int64_t np = (c.seqused[n] + ps - 1) / ps;
-      for (int64_t pg = 0; pg < np; ++pg) {
-        if (n == 1 && pg < shared) pages[1].push_back(pages[0][pg]);
-        else pages[n].push_back(perm[next++]);
-      }
-    }
+    const PageLayout L = make_page_layout(c.seqused, ps, c.share_prefix, c.extra_pages, c.extra_table, rng);
+    num_pages = L.num_pages;
+    max_pages = L.max_pages;
+    cap = L.capacity();
 
     // ---- pools: NaN everywhere, random values in the slots some sequence reads ----
     k_pool = HostTensor::contiguous(c.dtype, {num_pages, ps, c.h_kv, c.d});
@@ -124,7 +108,7 @@ class PagedProblem {
       std::normal_distribution<double> nd(0.0, 1.0);
       for (int64_t n = 0; n < b; ++n)
         for (int64_t j = 0; j < c.seqused[n]; ++j) {
-          const int64_t slot = pages[n][j / ps] * ps + j % ps;
+          const int64_t slot = L.slot(n, j);
           for (int64_t x = 0; x < c.h_kv * c.d; ++x) {
             double& e = kp.data[slot * c.h_kv * c.d + x];
             if (std::isnan(e)) e = nd(rng);  // a shared slot keeps its first value
@@ -139,13 +123,7 @@ class PagedProblem {
     }
     // ---- page table: used entries, then garbage that must never be read ----
     page_table = HostTensor::contiguous(SINKATTN_I32, {b, max_pages});
-    {
-      int32_t* t = static_cast<int32_t*>(page_table.t.data);
-      const int32_t garbage[] = {-1, -2147483647, 2147483647, static_cast<int32_t>(num_pages), 1 << 28};
-      for (int64_t n = 0; n < b; ++n)
-        for (int64_t pg = 0; pg < max_pages; ++pg)
-          t[n * max_pages + pg] = pg < static_cast<int64_t>(pages[n].size()) ? pages[n][pg] : garbage[(n + pg) % 5];
-    }
+    std::memcpy(page_table.t.data, L.table.data(), L.table.size() * sizeof(int32_t));
     auto i32 = [](const std::vector<int32_t>& xs) {
       HostTensor h = HostTensor::contiguous(SINKATTN_I32, {static_cast<int64_t>(xs.size())});
       std::memcpy(h.t.data, xs.data(), xs.size() * 4);
@@ -232,7 +210,7 @@ class PagedProblem {
     int64_t row0 = 0;
     for (int64_t n = 0; n < b; ++n) {
       for (int64_t j = 0; j < c.seqused[n]; ++j) {
-        const int64_t slot = pages[n][j / ps] * ps + j % ps;
+        const int64_t slot = L.slot(n, j);
         const int64_t row = c.varlen() ? row0 + j : n * cap + j;
         for (int64_t x = 0; x < c.h_kv * c.d; ++x) kd.data[row * c.h_kv * c.d + x] = kp.data[slot * c.h_kv * c.d + x];
         for (int64_t x = 0; x < c.h_kv * c.d_v; ++x)

@@ -108,7 +108,7 @@ SeqBounds host_seq_bounds(const Call& c, int64_t n);
 // kv_row_index for a host-memory call (reads the page table of paged calls).
 inline KvRowIndex host_kv_row(const Call& c, const SeqBounds& s, int64_t n, int64_t j) {
   const int32_t* pt = c.paged.on ? static_cast<const int32_t*>(c.p->page_table.data) : nullptr;
-  return kv_row_index(pt, c.paged.pt_n, c.paged.pt_p, c.paged.page_size, n, s.kv_start, j, c.plan.varlen);
+  return kv_row_index<int64_t>(pt, c.paged.pt_n, c.paged.pt_p, c.paged.page_size, n, s.kv_start, j, c.plan.varlen);
 }
 
 // First and one-past-last visible key of query row i (within its sequence), SPEC.md section 2, masks.

@@ -20,8 +20,10 @@ struct KvRowIndex {
 #else
 #define SINKATTN_KV_HD inline
 #endif
-SINKATTN_KV_HD KvRowIndex kv_row_index(const int32_t* page_table, int64_t pt_n, int64_t pt_p, int64_t page_size,
-                                           int64_t n, int64_t kv_start, int64_t j, bool varlen) {
+// I: the index type (int64_t on the host; int in the CUDA kernels, where a 64-bit division is slow).
+template <typename I>
+SINKATTN_KV_HD KvRowIndex kv_row_index(const int32_t* page_table, I pt_n, I pt_p, I page_size, I n, I kv_start, I j,
+                                       bool varlen) {
   if (page_table != nullptr) return {page_table[n * pt_n + (j / page_size) * pt_p], j % page_size};
   return {varlen ? 0 : n, kv_start + j};
 }

@@ -18,10 +18,16 @@ struct OnlineSoftmax {
   float m[2];
   float l[2];
 
-  __device__ __forceinline__ void init(float sigma, int lane) {
-    const float m0 = sigma * kLog2e;  // the sink is never scaled by softmax_scale (SPEC 2)
-    m[0] = m[1] = m0;
-    l[0] = l[1] = (m0 != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
+  __device__ __forceinline__ void init(float sigma, int lane) { init(sigma, sigma, lane); }
+  // Rows g and g + 8 with their own sinks (the decode kernels pack the query heads of a KV group into one tile,
+  // so the two rows of a thread may belong to different heads).
+  __device__ __forceinline__ void init(float sigma0, float sigma8, int lane) {
+    const float s[2] = {sigma0 * kLog2e, sigma8 * kLog2e};  // the sink is never scaled by softmax_scale (SPEC 2)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = s[r];
+      l[r] = (s[r] != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
+    }
   }
 
   // s: scores of this step in units of 1 / sc (masked = -inf): x = sc * s is the base-2 score, sc > 0 (the

@@ -124,12 +124,13 @@ def _optional_operands(sinks, bias, d_lse, batch, rng):
     return bits, ops, fields
 
 
-def _workspace(backward: bool, platform: str, tensors: dict, cfg: _Config) -> int:
+def _workspace(backward: bool, platform: str, tensors: dict, options: dict) -> int:
     """The library's size query (raises SinkattnError with its message). For a platform other than JAX's default
     one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid call is
-    not raised at trace time: the library re-validates when that branch runs and raises the same message then."""
+    not raised at trace time: the library re-validates when that branch runs and raises the same message then.
+    ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
     try:
-        return _ffi.workspace_size(backward, platform, tensors, cfg.options())
+        return _ffi.workspace_size(backward, platform, tensors, options)
     except _ffi.SinkattnError:
         if platform == _ffi.default_platform() or len(_ffi.platforms()) == 1:
             raise
@@ -171,7 +172,7 @@ def _forward(cfg: _Config, q, k, v, sinks, bias, batch, rng):
         tensors["rng_state"] = ((4,), np.uint32)
 
     def run(platform, *operands):
-        ws = _workspace(False, platform, tensors, cfg)
+        ws = _workspace(False, platform, tensors, cfg.options())
         results = [jax.ShapeDtypeStruct(out_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32),
                    jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8)]
         if cfg.dropout_p > 0.0:
@@ -200,7 +201,7 @@ def _backward(cfg: _Config, q, k, v, sinks, bias, batch, out, lse, rng_state, d_
     extra = ([_sd(sinks)] if learnable else []) + ([_sd(bias)] if bias is not None else [])
 
     def run(platform, *operands):
-        ws = _workspace(True, platform, tensors, cfg)
+        ws = _workspace(True, platform, tensors, cfg.options())
         results = [jax.ShapeDtypeStruct(s, d) for s, d in outs]
         results.append(jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
         results += [jax.ShapeDtypeStruct(s, d) for s, d in extra]
