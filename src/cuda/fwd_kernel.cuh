@@ -115,17 +115,7 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
       if (!fold) make_logits<T, NT, false, kExtra>(s[mt], p, mk, need_mask, n, h, row_w + mt * 16, j0, lane);
       float alpha[2];
       sm[mt].step(s[mt], alpha, fold ? p.scale_log2 : 1.f);
-      // Rescale only when some row's maximum moved (warp vote): with a sink at or above the scores (or once
-      // the maximum has settled) alpha is exactly 1 and the multiplies are skipped.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int o = 0; o < NO; ++o) {
-          acc[mt][o][0] *= alpha[0];
-          acc[mt][o][1] *= alpha[0];
-          acc[mt][o][2] *= alpha[1];
-          acc[mt][o][3] *= alpha[1];
-        }
-      }
+      rescale_rows(acc[mt], alpha);  // only when some row's maximum moved (softmax.cuh)
     }
     if (kExtra && p.dropout) {
       const Dropout dp(p, n, h);

@@ -69,4 +69,19 @@ struct OnlineSoftmax {
   }
 };
 
+// acc *= alpha of its row (alpha[0]: row g, alpha[1]: row g + 8 of the C fragments), skipped when no row's maximum
+// moved (warp vote): with a sink at or above the scores, or once the maximum has settled, alpha is exactly 1.
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&acc)[NO][4], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int o = 0; o < NO; ++o) {
+      acc[o][0] *= alpha[0];
+      acc[o][1] *= alpha[0];
+      acc[o][2] *= alpha[1];
+      acc[o][3] *= alpha[1];
+    }
+  }
+}
+
 }  // namespace sinkattn::cuda

@@ -20,16 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);     \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
+#define CK(expr) SINKATTN_TEST_CUDA_OK(expr)
 
 namespace {
 

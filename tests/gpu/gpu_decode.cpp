@@ -24,6 +24,7 @@
 
 #include "paged_layout.hpp"
 #include "reference.hpp"
+#include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
 namespace {
@@ -35,14 +36,7 @@ int g_failures = 0, g_checks = 0;
 bool g_verbose = false;
 bool g_cpu_only = false;  // no CUDA call at all: "device" buffers are the host ones, the backend is the CPU
 
-#define CUDA_OK(expr)                                                                                         \
-  do {                                                                                                        \
-    cudaError_t _e = (expr);                                                                                  \
-    if (_e != cudaSuccess) {                                                                                  \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(_e), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                                           \
-    }                                                                                                         \
-  } while (0)
+#define CUDA_OK(expr) SINKATTN_TEST_CUDA_OK(expr)
 
 void check(bool ok, const std::string& what) {
   ++g_checks;

@@ -332,6 +332,39 @@ def _as_int32(x, name):
     return x.astype(jnp.int32)
 
 
+def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_window_size):
+    """(softmax_type, window_left, window_right) of a call, checked (loads the library, registers the FFI targets).
+    Shared by dot_product_attention and decode_attention."""
+    _ffi.library()
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
+    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
+           f"got {softmax_type!r}")
+    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
+           f"got {mask_alignment!r}")
+    return (softmax_type,) + resolve_window(is_causal, local_window_size)
+
+
+def _float_inputs(**named):
+    """The arrays, each float32, float16 or bfloat16 (TypeError naming the argument otherwise)."""
+    out = []
+    for name, x in named.items():
+        x = jnp.asarray(x)
+        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
+               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+        out.append(x)
+    return out
+
+
+def _sinks_operand(sinks, softmax_type):
+    """sinks as the library's float32 [N] operand, or None unless learnable (SPEC.md section 2: sinks are ignored
+    then, their gradient is 0); the cast is differentiated by JAX (d_sinks back in sinks' dtype)."""
+    if softmax_type != "learnable" or sinks is None:
+        return None
+    sinks = jnp.asarray(sinks)
+    _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}", TypeError)
+    return sinks.astype(jnp.float32)
+
+
 def _cu_seqlens_from_segments(seg):
     """cu_seqlens [B*T + 1] of the runs of equal ids in [B, T] (row-major), padded with zero-length sequences."""
     b, t = seg.shape
@@ -418,19 +451,10 @@ def dot_product_attention(
       missing sinks, unsupported head dims); data-dependent errors (e.g. non-monotonic cu_seqlens) are raised
       by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
     """
-    _ffi.library()  # loads the library, registers the FFI targets
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    window_left, window_right = resolve_window(is_causal, local_window_size)
+    softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
+                                                               local_window_size)
     dropout_rate = float(dropout_rate)
-
-    q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    for name, x in (("query", q), ("key", k), ("value", v)):
-        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
-               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+    q, k, v = _float_inputs(query=query, key=key, value=value)
 
     varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
     unbatched = False
@@ -484,13 +508,7 @@ def dot_product_attention(
         mq, mk = int(q.shape[1]), int(k.shape[1])
 
     # sinks: float32 [N] in the library; the cast is differentiated by JAX (d_sinks back in sinks' dtype).
-    if softmax_type != "learnable":
-        sinks = None  # SPEC.md section 2: sinks are ignored unless learnable (their gradient is 0)
-    if sinks is not None:
-        sinks = jnp.asarray(sinks)
-        _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}",
-               TypeError)
-        sinks = sinks.astype(jnp.float32)
+    sinks = _sinks_operand(sinks, softmax_type)
     if bias is not None and not varlen:
         bias = jnp.asarray(bias)
         if bias.dtype not in (jnp.float32, q.dtype):

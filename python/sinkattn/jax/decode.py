@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
-from .attention import _Config, _call_on_platforms, _check, _ffi_call, _POISON, _as_int32, _sd, _workspace
-from .reference import resolve_softmax_type, resolve_window
+from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _ffi_call, _float_inputs,
+                        _resolve_options, _sd, _sinks_operand, _workspace)
 
 __all__ = ["decode_attention"]
 
@@ -74,18 +74,9 @@ def decode_attention(
       library's shape-only workspace query); page-table and length contents are checked when the call runs
       (outside CUDA-graph capture).
     """
-    _ffi.library()
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    window_left, window_right = resolve_window(is_causal, local_window_size)
-    _check(int(num_splits) >= 0, f"num_splits must be >= 0, got {num_splits}")
-    q, k, v = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
-    for name, x in (("q", q), ("k_cache", k), ("v_cache", v)):
-        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
-               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+    softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
+                                                               local_window_size)
+    q, k, v = _float_inputs(q=q, k_cache=k_cache, v_cache=v_cache)
     _check(k.ndim == 4 and v.ndim == 4, f"k_cache, v_cache must have rank 4, got {k.ndim}, {v.ndim}")
     seqlens = _as_int32(cache_seqlens, "cache_seqlens")
     varlen = cu_seqlens_q is not None
@@ -102,13 +93,7 @@ def decode_attention(
     else:
         _check(q.ndim == 4, f"q must be [B, T, N, H] (or varlen with cu_seqlens_q), got rank {q.ndim}")
         mq, mk = int(q.shape[1]), int(k.shape[1])
-    if softmax_type != "learnable":
-        sinks = None
-    if sinks is not None:
-        sinks = jnp.asarray(sinks)
-        _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}",
-               TypeError)
-        sinks = sinks.astype(jnp.float32)
+    sinks = _sinks_operand(sinks, softmax_type)
 
     cfg = _Config(
         softmax_type=_ffi.SOFTMAX_TYPES[softmax_type],

@@ -172,15 +172,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
         }
       float alpha[2];
       sm[mt].step(s[mt], alpha);
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int o = 0; o < NO; ++o) {
-          acc[mt][o][0] *= alpha[0];
-          acc[mt][o][1] *= alpha[0];
-          acc[mt][o][2] *= alpha[1];
-          acc[mt][o][3] *= alpha[1];
-        }
-      }
+      rescale_rows(acc[mt], alpha);
     }
     gemm_pb_m<T, MT, NT, NO, LD>(acc, s, sV + stage * BN * LD + warp_n * KW * LD, lane);
   }
