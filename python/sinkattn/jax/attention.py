@@ -276,11 +276,17 @@ def _attention_fwd_impl(cfg, q, k, v, sinks, bias, batch, rng):
     out, lse, rng_state = _forward(cfg, q, k, v, sinks, bias, batch, rng)
     vma = _vma(q)  # every operand has this type (dot_product_attention cast them), see _vma above
     out, lse, rng_state = _vary_to(out, vma), _vary_to(lse, vma), _vary_to(rng_state, vma)
-    if cfg.varlen:  # rows after the last sequence: out = 0, lse = -inf (not left uninitialised)
-        rows = _rows_in_sequences(batch[0], q.shape[0])
-        out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(rows[None, :], lse, -jnp.inf)
+    if cfg.varlen:
+        out, lse = _clear_unowned_rows(out, lse, batch[0])
     return out, lse, rng_state
+
+
+def _clear_unowned_rows(out, lse, cu_seqlens_q):
+    """Varlen: rows after the last sequence get out = 0, lse = -inf (SPEC.md section 1; not left uninitialised)."""
+    rows = _rows_in_sequences(cu_seqlens_q, out.shape[0])
+    out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
+    lse = jnp.where(rows[None, :], lse, -jnp.inf)
+    return out, lse
 
 
 def _make_core():

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
-from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _ffi_call, _float_inputs,
-                        _resolve_options, _sd, _sinks_operand, _workspace)
+from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _clear_unowned_rows, _ffi_call,
+                        _float_inputs, _resolve_options, _sd, _sinks_operand, _workspace)
 
 __all__ = ["decode_attention"]
 
@@ -150,8 +150,6 @@ def decode_attention(
         return res[0], res[1]
 
     out, lse = _call_on_platforms(run, q, k, v, *ops)
-    if varlen:  # rows after the last sequence: out = 0, lse = -inf (not left uninitialised)
-        rows = jnp.arange(q.shape[0]) < cu_q[-1]
-        out = jnp.where(rows[:, None, None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(rows[None, :], lse, -jnp.inf)
+    if varlen:
+        out, lse = _clear_unowned_rows(out, lse, cu_q)
     return (out, lse) if return_lse else out

@@ -2,6 +2,7 @@
 #include "cuda/decode/decode.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "cuda/decode/decode_combine.cuh"
 #include "cuda/decode/decode_kernel.cuh"
@@ -73,10 +74,23 @@ DecodePlan plan_decode(const Call& c) {
     device_shape(&sms, &smem_sm);
     const int smem = decode_smem_bytes(d.hd, d.config);
     const int64_t per_sm = std::clamp<int64_t>(smem_sm / (smem + 1024), 1, 4);
-    const int64_t ctas = c.b * c.h_kv * d.m_blocks, slots = std::max<int64_t>(sms, 1) * per_sm;
-    int64_t s = ctas > 0 ? slots / ctas : 1;  // fill one wave of resident CTAs, no more (no partial second wave)
-    s = std::min<int64_t>(s, tiles / 2);      // at least two key tiles per split
-    d.num_splits = static_cast<int>(std::clamp<int64_t>(s, 1, kCombineMaxSplits));
+    const int64_t ctas = std::max<int64_t>(c.b * c.h_kv * d.m_blocks, 1), slots = std::max<int64_t>(sms, 1) * per_sm;
+    // Wave efficiency of s splits: the CTAs as waves of resident slots, over the whole waves they take. The smallest
+    // s within 85% of the best (at least two key tiles per split); no split with 4 or more waves already (the
+    // quantisation is small) or when a row sees fewer than 8 tiles (a sliding window: one CTA streams them faster
+    // than a split and a combine).
+    const int64_t max_s = std::clamp<int64_t>(tiles / 2, 1, kCombineMaxSplits);
+    auto eff = [&](int64_t s) {
+      const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
+      return waves / std::ceil(waves);
+    };
+    int64_t s = 1;
+    if (tiles >= 8 && ctas < 4 * slots) {
+      double best = 0;
+      for (int64_t x = 1; x <= max_s; ++x) best = std::max(best, eff(x));
+      while (s < max_s && eff(s) < 0.85 * best) ++s;
+    }
+    d.num_splits = static_cast<int>(s);
   }
   if (static_cast<int64_t>(d.m_blocks) * d.num_splits > (int64_t{1} << 31) - 1) return no("grid too large");
   if (d.num_splits > 1) {

@@ -30,8 +30,9 @@ struct DecodePlan {
 // Decode kernels: forward, fp16 / bf16, no bias or dropout, at most kDecodeMaxQueries query rows per sequence
 // (dense s_q or varlen max_seqlen_q), head dims up to 128; contiguous or paged KV. num_splits: c.num_splits when
 // given (at most kCombineMaxSplits), else a heuristic from the batch, the KV heads, the packed rows, the keys a row
-// can see and the device's SM count: split until one wave of resident CTAs is filled, keeping at least two key
-// tiles per split.
+// can see and the device's SM count and shared memory: the fewest splits whose waves of resident CTAs are within
+// 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
+// keys) or the CTAs already make 4 waves.
 constexpr int kDecodeMaxQueries = 16;
 DecodePlan plan_decode(const Call& c);
 
