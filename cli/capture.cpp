@@ -17,7 +17,8 @@ using nlohmann::json;
 
 const std::vector<std::string> kInputNames = {"q",           "k",           "v",          "sinks",
                                               "bias",        "d_out",       "d_lse",      "cu_seqlens_q",
-                                              "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv"};
+                                              "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv",
+                                              "page_table"};
 
 const std::vector<std::string> kResultNames = {"out", "softmax_lse", "d_q",    "d_k",      "d_v",
                                                "d_sinks", "d_bias",  "rng_state"};
@@ -289,15 +290,29 @@ void validate_capture(const Capture& c) {
   if (q.shape.size() != 4 && q.shape.size() != 3)
     fail("capture: tensor 'q' has shape " + shape_str(q.shape) +
          ": expected rank 4 [b, s_q, h_q, d] (dense) or rank 3 [total_q, h_q, d] (varlen)");
+  const bool paged = c.paged();
   for (const char* n : {"k", "v", "d_out"}) {
     if (!c.has(n)) continue;
     const HostTensor& t = c.at(n);
     if (t.dtype != q.dtype)
       fail(std::string("capture: tensor '") + n + "' has dtype " + dtype_name(t.dtype) + ", expected the dtype of q (" +
            dtype_name(q.dtype) + ")");
-    if (t.shape.size() != q.shape.size())
+    const bool pool = paged && std::string(n) != "d_out";  // with page_table, k and v are page pools (rank 4)
+    if (pool && t.shape.size() != 4)
+      fail(std::string("capture: tensor '") + n + "' has rank " + std::to_string(t.shape.size()) +
+           ", expected a page pool [num_pages, page_size, h_kv, d] (rank 4) with page_table");
+    if (!pool && t.shape.size() != q.shape.size())
       fail(std::string("capture: tensor '") + n + "' has rank " + std::to_string(t.shape.size()) +
            ", expected the rank of q (" + std::to_string(q.shape.size()) + ")");
+  }
+  if (paged) {
+    const HostTensor& t = c.at("page_table");
+    if (t.dtype != SINKATTN_I32 || t.shape.size() != 2)
+      fail(std::string("capture: tensor 'page_table' must be I32 [b, max_pages], got ") + dtype_name(t.dtype) + " " +
+           shape_str(t.shape));
+    if (!c.has("seqused_kv")) fail("capture: page_table needs tensor 'seqused_kv' (the keys of each sequence)");
+    if (c.has("cu_seqlens_kv"))
+      fail("capture: page_table with cu_seqlens_kv: with a page table the key lengths are seqused_kv (SPEC.md section 1)");
   }
   for (const char* n : {"cu_seqlens_q", "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv"}) {
     if (!c.has(n)) continue;
@@ -307,7 +322,10 @@ void validate_capture(const Capture& c) {
            shape_str(t.shape));
   }
   const bool varlen = q.shape.size() == 3;
-  if (varlen) {
+  if (varlen && paged) {
+    if (!c.has("cu_seqlens_q")) fail("capture: q has rank 3 (varlen) but cu_seqlens_q is not given");
+    if (c.at("cu_seqlens_q").shape[0] < 1) fail("capture: cu_seqlens_q must have b + 1 >= 1 entries");
+  } else if (varlen) {
     if (!c.has("cu_seqlens_q") || !c.has("cu_seqlens_kv"))
       fail("capture: q has rank 3 (varlen) but cu_seqlens_q and cu_seqlens_kv are not both given");
     if (c.at("cu_seqlens_q").shape[0] < 1 || c.at("cu_seqlens_kv").shape[0] < 1)
@@ -365,6 +383,7 @@ sinkattn_tensor_t sinkattn_params_t::*params_field(const std::string& name) {
       {"seqused_kv", &sinkattn_params_t::seqused_kv},
       {"seqlens_q", &sinkattn_params_t::seqlens_q},
       {"seqlens_kv", &sinkattn_params_t::seqlens_kv},
+      {"page_table", &sinkattn_params_t::page_table},
       {"out", &sinkattn_params_t::out},
       {"softmax_lse", &sinkattn_params_t::softmax_lse},
       {"d_q", &sinkattn_params_t::dq},
@@ -422,7 +441,16 @@ HostCall make_host_call(const Capture& c) {
   const bool varlen = c.varlen();
   if (varlen) {
     p.max_seqlen_q = o.max_seqlen_q ? *o.max_seqlen_q : longest(c.at("cu_seqlens_q"));
-    p.max_seqlen_kv = o.max_seqlen_kv ? *o.max_seqlen_kv : longest(c.at("cu_seqlens_kv"));
+    if (o.max_seqlen_kv) {
+      p.max_seqlen_kv = *o.max_seqlen_kv;
+    } else if (c.paged()) {  // paged KV: the longest sequence has max(seqused_kv) keys
+      const HostTensor& u = c.at("seqused_kv");
+      int64_t m = 0;
+      for (int64_t i = 0; i < u.numel(); ++i) m = std::max<int64_t>(m, u.as<int32_t>()[i]);
+      p.max_seqlen_kv = m;
+    } else {
+      p.max_seqlen_kv = longest(c.at("cu_seqlens_kv"));
+    }
   }
 
   // SPEC.md section 1 output shapes.

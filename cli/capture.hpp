@@ -69,6 +69,7 @@ struct Capture {
   bool has(const std::string& name) const { return tensors.count(name) != 0; }
   const HostTensor& at(const std::string& name) const;  // throws CaptureError when absent
   bool varlen() const { return has("q") && at("q").shape.size() == 3; }
+  bool paged() const { return has("page_table"); }  // k, v are page pools (SPEC.md section 1)
   bool backward() const { return has("d_out"); }
 };
 
@@ -98,7 +99,9 @@ std::map<std::string, std::string> format_options(const CaptureOptions& o);
 
 // Checks what the command needs to build a call (the library validates the rest, SPEC.md section 4):
 // q, k, v present with a float dtype shared by k, v, d_out; q rank 4 (dense) or 3 (varlen, with
-// cu_seqlens_q and cu_seqlens_kv); sequence tensors I32 of rank 1; sinks a float [h_q]; d_lse F32.
+// cu_seqlens_q and cu_seqlens_kv); sequence tensors I32 of rank 1; sinks a float [h_q]; d_lse F32. With
+// page_table (I32 [b, max_pages]): k, v are page pools of rank 4, seqused_kv is given, cu_seqlens_kv is not
+// (varlen queries give cu_seqlens_q only).
 void validate_capture(const Capture& c);
 
 // Writes a capture (inputs in kInputNames order, then options) to `path`.

@@ -38,9 +38,10 @@ ref::Array* result_member(ref::Result& r, const std::string& name) {
   return nullptr;
 }
 
-bool check_one(const Capture& cap, sinkattn_backend_t backend) {
+bool check_one(const Capture& cap, sinkattn_backend_t backend, int num_splits) {
   std::printf("call: %s\n", describe_call(cap).c_str());
   HostCall call = make_host_call(cap);
+  call.params.num_splits = num_splits;
   auto t0 = std::chrono::steady_clock::now();
   const ExecuteReport rep = execute(call, backend);
   const double t_run = seconds_since(t0);
@@ -98,7 +99,7 @@ int cmd_check(const CheckOptions& o) {
   if (!o.inputs.empty()) {
     const Capture cap = read_capture(o.inputs);
     warn_unknown_tensors(cap);
-    all = check_one(cap, backend);
+    all = check_one(cap, backend, o.num_splits);
   } else {
     const Preset& preset = find_preset(o.preset);
     const std::vector<LayerSpec> layers = select_layers(preset, o.layer);
@@ -126,7 +127,7 @@ int cmd_check(const CheckOptions& o) {
         write_capture(path, cap);
         std::printf("saved call capture to %s\n", path.c_str());
       }
-      all = check_one(cap, backend) && all;
+      all = check_one(cap, backend, o.num_splits) && all;
     }
   }
   return all ? 0 : 1;

@@ -9,6 +9,7 @@ namespace sinkattn::cli {
 
 struct RunOptions {
   std::string inputs, out, backend = "auto";
+  int num_splits = 0;  // forward key splits (sinkattn_params_t::num_splits): 0 heuristic, 1 none, N at most N
 };
 int cmd_run(const RunOptions& o);
 
@@ -19,6 +20,7 @@ struct CheckOptions {
   bool seed_given = false;
   bool no_grad = false, d_lse = false, deterministic = false;
   double dropout_p = 0.0;
+  int num_splits = 0;  // as RunOptions::num_splits
 };
 int cmd_check(const CheckOptions& o);
 

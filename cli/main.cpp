@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   auto* run_cmd = app.add_subcommand("run", "Replay a call capture file (SPEC.md section 6) and write the results");
   run_cmd->add_option("--inputs", run.inputs, "call capture (safetensors)")->required();
   run_cmd->add_option("--out", run.out, "result file to write (safetensors)")->required();
+  run_cmd->add_option("--num-splits", run.num_splits,
+                      "forward key splits (split-KV): 0 = the backend's heuristic (default), 1 = none, N = at most N")
+      ->check(CLI::NonNegativeNumber);
   run_cmd->add_option("--backend", run.backend, "auto|cpu|cuda (default auto: the memory of the tensors decides)")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CheckOptions check;
@@ -34,6 +37,9 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--no-grad", check.no_grad, "preset: forward only");
   check_cmd->add_flag("--d-lse", check.d_lse, "preset: also a gradient into softmax_lse");
   check_cmd->add_flag("--deterministic", check.deterministic, "preset: deterministic backward");
+  check_cmd->add_option("--num-splits", check.num_splits,
+                        "forward key splits (split-KV): 0 = the backend's heuristic (default), 1 = none, N = at most N")
+      ->check(CLI::NonNegativeNumber);
   check_cmd->add_option("--save", check.save, "preset: also write the generated call capture(s) here");
   check_cmd->add_option("--backend", check.backend, "auto|cpu|cuda (default auto: the memory of the tensors decides)")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 

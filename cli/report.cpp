@@ -40,6 +40,9 @@ std::string describe_call(const Capture& c) {
                             " offset=" + std::to_string(o.offset);
   for (const char* n : {"bias", "d_lse", "seqlens_q", "seqlens_kv", "seqused_kv"})
     if (c.has(n)) s += std::string(" +") + n;
+  if (c.paged())
+    s += " +page_table" + shape_str(c.at("page_table").shape) + " (page_size " + std::to_string(c.at("k").shape[1]) +
+         ")";
   s += c.backward() ? " (forward+backward)" : " (forward)";
   return s;
 }

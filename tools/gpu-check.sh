@@ -13,12 +13,18 @@
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
+# Decode and paged KV (issue 13): STEPS "decode" runs sinkattn_gpu_decode (decode kernels and paged KV against the
+# float64 reference, split counts, CUDA-graph capture) and compute-sanitizer memcheck + racecheck on its --small
+# cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed vs copy bandwidth, for
+# bench/RESULTS.md; DECODE_ITERS replays, default 50).
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log
-# (python: py_install.log pytest.log example.log example_bench.log) summary.txt
+# (python: py_install.log pytest.log example.log example_bench.log; decode: decode.log decode_sanitizer.log;
+# decode_bench: decode_bench.log) summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer bench torch"; optional: python, cp, torchop), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
+# STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench), JOBS (default
+# nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300), DECODE_BENCH_TIMEOUT (540).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -26,7 +32,7 @@ mkdir -p "$OUT"
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 SWEEP=${SWEEP:-500}
 SEED=${SEED:-$(date +%s)}
-STEPS=${STEPS:-"suite sanitizer bench torch"}
+STEPS=${STEPS:-"suite sanitizer decode bench torch"}
 JOBS=${JOBS:-$(nproc)}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
@@ -38,18 +44,22 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
 BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
-if [ -x "$SUITE" ] && ! ldd "$SUITE" | grep -q "not found"; then
+DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
+DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
+if [ -x "$SUITE" ] && [ -x "$DECODE" ] && [ -x "$DECODE_BENCH" ] && ! ldd "$SUITE" | grep -q "not found"; then
   note "build: using prebuilt binaries in $BUILD_DIR"
 else
   BUILD_DIR=build-gpu
   export LD_LIBRARY_PATH="$PWD/$BUILD_DIR:$LD_LIBRARY_PATH"
   SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
   BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
+  DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
+  DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
   t0=$(date +%s)
   {
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
-      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench &&
+      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -86,6 +96,33 @@ if [[ " $STEPS " == *" sanitizer "* ]]; then
     [ $rc -eq 0 ] || status=1
     note "compute-sanitizer $tool: rc=$rc in $(($(date +%s) - t0)) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
   done
+fi
+
+if [[ " $STEPS " == *" decode "* ]]; then
+  t0=$(date +%s)
+  timeout "${DECODE_TIMEOUT:-300}" "$DECODE" >"$OUT/decode.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "decode suite: rc=$rc in $(($(date +%s) - t0)) s; $(grep 'DECODE SUMMARY' "$OUT/decode.log")"
+  grep -E '^FAIL' "$OUT/decode.log" | head -40 | tee -a "$SUMMARY"
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  : >"$OUT/decode_sanitizer.log"
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    timeout "${SAN_TIMEOUT:-240}" "$CS" --tool $tool --error-exitcode 3 "$DECODE" --small >>"$OUT/decode_sanitizer.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || status=1
+    note "decode compute-sanitizer $tool: rc=$rc in $(($(date +%s) - t0)) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/decode_sanitizer.log" | tail -1)"
+  done
+fi
+
+if [[ " $STEPS " == *" decode_bench "* ]]; then
+  t0=$(date +%s)
+  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" >"$OUT/decode_bench.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "decode bench: rc=$rc in $(($(date +%s) - t0)) s (decode_bench.log)"
+  tee -a "$SUMMARY" <"$OUT/decode_bench.log"
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then

@@ -11,8 +11,11 @@
 //   backward args: q, k, v, out, softmax_lse, d_out, then the optional operands present in `operands`
 //            rets: dq, dk, dv, workspace (u8), then d_sinks (learnable), d_bias (with bias)
 // Optional operands, in this order: sinks, bias, d_lse (backward), cu_seqlens_q + cu_seqlens_kv, seqused_kv,
-// seqlens_q, seqlens_kv, rng (forward: rng_seed_offset, backward: rng_state). Extra trailing arguments (the
-// test-only output poisoning buffers, aliased to the outputs) are ignored.
+// seqlens_q, seqlens_kv, rng (forward: rng_seed_offset, backward: rng_state), page_table. Extra trailing arguments
+// (the test-only output poisoning buffers, aliased to the outputs) are ignored.
+// Decode (sinkattn.jax.decode_attention): the forward protocol on its own target, sinkattn_jax_decode_{cpu,cuda},
+// with one more attribute, num_splits (SPEC.md section 4); paged KV passes page_table (bit kPageTable) and
+// seqused_kv, and k / v are the page pools. cu_seqlens_kv is not sent with a page table (only cu_seqlens_q).
 // Seed/offset tensors travel as u32[4] = {lo32(seed), hi32(seed), lo32(offset), hi32(offset)}, which is the byte
 // image of the library's I64[2] {seed, offset} on little-endian machines (SPEC.md section 2, dropout), so JAX
 // needs no 64-bit integers (jax_enable_x64 off).
@@ -38,6 +41,8 @@ enum OperandBit : int32_t {
   kSeqlensQ = 1 << 5,
   kSeqlensKv = 1 << 6,
   kRng = 1 << 7,
+  kPageTable = 1 << 8,
+  kCuSeqlensQOnly = 1 << 9,  // varlen queries over a page table: cu_seqlens_q alone (one operand)
 };
 
 bool to_dtype(ffi::DataType t, sinkattn_dtype_t* out) {
@@ -133,6 +138,8 @@ ffi::Error read_optional(const ffi::RemainingArgs& args, int32_t ops, bool backw
   if (ops & kCuSeqlens) {
     SINKATTN_TRY(next("cu_seqlens_q", &p->cu_seqlens_q, false));
     SINKATTN_TRY(next("cu_seqlens_kv", &p->cu_seqlens_kv, false));
+  } else if (ops & kCuSeqlensQOnly) {
+    SINKATTN_TRY(next("cu_seqlens_q", &p->cu_seqlens_q, false));
   }
   if (ops & kSequsedKv) SINKATTN_TRY(next("seqused_kv", &p->seqused_kv, false));
   if (ops & kSeqlensQ) SINKATTN_TRY(next("seqlens_q", &p->seqlens_q, false));
@@ -143,6 +150,7 @@ ffi::Error read_optional(const ffi::RemainingArgs& args, int32_t ops, bool backw
     else
       SINKATTN_TRY(next("rng_seed_offset", &p->rng_seed_offset, true));
   }
+  if (ops & kPageTable) SINKATTN_TRY(next("page_table", &p->page_table, false));
   return ffi::Error::Success();
 }
 
@@ -174,9 +182,10 @@ ffi::Error start_params(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer
 ffi::Error forward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
-                        ffi::RemainingRets rets, const Options& o) {
+                        ffi::RemainingRets rets, const Options& o, int32_t num_splits = 0) {
   sinkattn_params_t p;
   SINKATTN_TRY(start_params(backend, stream, q, k, v, o, &p));
+  p.num_splits = num_splits;
   SINKATTN_TRY(read_optional(args, o.operands, /*backward=*/false, &p));
   SINKATTN_TRY(to_tensor(*out, "out", &p.out));
   SINKATTN_TRY(to_tensor(*lse, "softmax_lse", &p.softmax_lse));
@@ -274,6 +283,21 @@ ffi::Error backward_cuda(void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::
                        SINKATTN_ATTR_OPTIONS);
 }
 
+// Decode: the forward with num_splits (key splits, SPEC.md section 4).
+ffi::Error decode_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs args,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> ws,
+                      ffi::RemainingRets rets, SINKATTN_ATTR_PARAMS, int32_t num_splits) {
+  return forward_impl(SINKATTN_BACKEND_CPU, nullptr, q, k, v, args, out, lse, ws, rets, SINKATTN_ATTR_OPTIONS,
+                      num_splits);
+}
+ffi::Error decode_cuda(void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs args,
+                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                       ffi::Result<ffi::AnyBuffer> ws, ffi::RemainingRets rets, SINKATTN_ATTR_PARAMS,
+                       int32_t num_splits) {
+  return forward_impl(SINKATTN_BACKEND_CUDA, stream, q, k, v, args, out, lse, ws, rets, SINKATTN_ATTR_OPTIONS,
+                      num_splits);
+}
+
 auto fwd_binding() {
   return ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().RemainingArgs()
       .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().RemainingRets();
@@ -299,6 +323,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sinkattn_jax_forward_cuda, forward_cuda,
                                              .RemainingArgs()
                                              .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
                                              .RemainingRets()),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sinkattn_jax_decode_cpu, decode_cpu,
+                              bind_attrs(fwd_binding()).Attr<int32_t>("num_splits"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sinkattn_jax_decode_cuda, decode_cuda,
+                              bind_attrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<void*>>()
+                                             .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+                                             .RemainingArgs()
+                                             .Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+                                             .RemainingRets())
+                                  .Attr<int32_t>("num_splits"),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(sinkattn_jax_backward_cuda, backward_cuda,
                               bind_attrs(ffi::Ffi::Bind()

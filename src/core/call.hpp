@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/kv_rows.hpp"
 #include "sinkattn/sinkattn.h"
 
 namespace sinkattn {
@@ -30,10 +31,21 @@ struct TensorPlan {
   Use d_lse = Use::kAbsent;       // backward, caller gave d_lse
   Use rng_state = Use::kAbsent;   // backward with dropout (read); forward: written if given
   bool varlen = false;            // cu_seqlens_q / cu_seqlens_kv
-  bool seqused_kv = false;        // varlen only
+  bool seqused_kv = false;        // varlen, or any call with a page table (required there)
   bool seqlens_q = false;         // dense only
   bool seqlens_kv = false;        // dense only
   bool dropout = false;           // dropout_p > 0
+  bool page_table = false;        // paged KV (SPEC.md section 1): k, v are page pools; forward only
+};
+
+// Paged KV (SPEC.md section 1): k [num_pages, page_size, h_kv, d], v [num_pages, page_size, h_kv, d_v],
+// page_table int32 [b, max_pages]; key j < seqused_kv[n] of sequence n is row j % page_size of page
+// page_table[n, j / page_size]. With `on`, Call::k / Call::v hold the (page, row-in-page, head) strides.
+struct PagedKv {
+  bool on = false;
+  int64_t page_size = 0, num_pages = 0, max_pages = 0;
+  int64_t pt_n = 0, pt_p = 0;  // page_table strides (sequence, page) in elements
+  int64_t capacity() const { return max_pages * page_size; }  // keys a sequence can hold
 };
 
 // (batch, row, head) strides in elements of a q/k/v/out-like tensor. For varlen inputs `b` is 0 and rows are
@@ -75,9 +87,11 @@ struct Call {
   uint32_t dropout_threshold = 0;  // min(floor(p * 2^32), 2^32 - 1)
   bool deterministic = false;
 
-  RowStrides q, k, v, out, d_out, dq, dk, dv;
+  RowStrides q, k, v, out, d_out, dq, dk, dv;  // paged: k, v are {page, row in page, head} strides
   LseStrides lse, d_lse;
   BiasStrides bias, d_bias;
+  PagedKv paged;
+  int32_t num_splits = 0;  // forward: 0 heuristic, 1 no split, N > 1 at most N key splits per row
 
   // Actual lengths of sequence n need the batch tensors (host or device); backends read them themselves
   // (`seq_bounds` below for host memory).
@@ -86,10 +100,16 @@ struct Call {
 
 // Per-sequence bounds for host-memory calls: row offsets and actual lengths (SPEC.md section 1).
 struct SeqBounds {
-  int64_t q_start = 0, kv_start = 0;  // global row of the first query / key (varlen), 0 for dense
+  int64_t q_start = 0, kv_start = 0;  // global row of the first query / key (varlen), 0 for dense and paged KV
   int64_t len_q = 0, len_kv = 0;      // actual query rows, actual keys (after seqlens / seqused)
 };
 SeqBounds host_seq_bounds(const Call& c, int64_t n);
+
+// kv_row_index for a host-memory call (reads the page table of paged calls).
+inline KvRowIndex host_kv_row(const Call& c, const SeqBounds& s, int64_t n, int64_t j) {
+  const int32_t* pt = c.paged.on ? static_cast<const int32_t*>(c.p->page_table.data) : nullptr;
+  return kv_row_index<int64_t>(pt, c.paged.pt_n, c.paged.pt_p, c.paged.page_size, n, s.kv_start, j, c.plan.varlen);
+}
 
 // First and one-past-last visible key of query row i (within its sequence), SPEC.md section 2, masks.
 // Returns an empty range (lo >= hi) when nothing is visible. Windows wider than the sequence are not

@@ -148,35 +148,41 @@ HostI32 host_view(const Call& c, const sinkattn_tensor_t& t, int64_t count) {
 }
 
 // Checks the contents of the int32 batch tensors (SPEC.md sections 1 and 4). In device memory they are read with a
-// synchronising copy of b + 1 entries on the call's stream, except while that stream is being captured into a
-// CUDA graph, where nothing may synchronise, or when the caller sets trust_device_batch_tensors: the contents are
-// then trusted.
+// synchronising copy on the call's stream (b + 1 entries; the page table's b x max_pages), except while that stream
+// is being captured into a CUDA graph, where nothing may synchronise, or when the caller sets
+// trust_device_batch_tensors: the contents are then trusted.
 Status check_batch_contents(const Call& c) {
   const sinkattn_params_t& p = *c.p;
+  const bool paged = c.paged.on;
+  // Keys of each sequence as the contents say: the cu_seqlens_kv differences (varlen without pages), capped by
+  // seqused_kv when given; the bound they must respect is checked below.
+  HostI32 used;
+  if (c.plan.seqused_kv) {
+    if (p.seqused_kv.data == nullptr) return Status::ok();  // shape-only
+    used = host_view(c, p.seqused_kv, c.b);
+    if (!used.ok) return Status::ok();
+  }
   if (c.plan.varlen) {
-    if (p.cu_seqlens_q.data == nullptr || p.cu_seqlens_kv.data == nullptr) return Status::ok();  // shape-only
+    if (p.cu_seqlens_q.data == nullptr || (!paged && p.cu_seqlens_kv.data == nullptr)) return Status::ok();
     const HostI32 cq = host_view(c, p.cu_seqlens_q, c.b + 1);
-    const HostI32 ck = host_view(c, p.cu_seqlens_kv, c.b + 1);
-    if (!cq.ok || !ck.ok) return Status::ok();
-    HostI32 used;
-    if (c.plan.seqused_kv && p.seqused_kv.data != nullptr) {
-      used = host_view(c, p.seqused_kv, c.b);
-      if (!used.ok) return Status::ok();
-    }
+    HostI32 ck;
+    if (!paged) ck = host_view(c, p.cu_seqlens_kv, c.b + 1);
+    if (!cq.ok || (!paged && !ck.ok)) return Status::ok();
     if (cq[0] != 0) return invalid("cu_seqlens_q: must start at 0, got " + std::to_string(cq[0]));
-    if (ck[0] != 0) return invalid("cu_seqlens_kv: must start at 0, got " + std::to_string(ck[0]));
+    if (!paged && ck[0] != 0) return invalid("cu_seqlens_kv: must start at 0, got " + std::to_string(ck[0]));
     for (int64_t n = 0; n < c.b; ++n) {
       const int64_t lq = int64_t(cq[n + 1]) - cq[n];
-      const int64_t lk = int64_t(ck[n + 1]) - ck[n];
       if (lq < 0)
         return invalid("cu_seqlens_q: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
                        std::to_string(cq[n + 1]) + ") < entry " + std::to_string(n) + " (" + std::to_string(cq[n]) + ")");
-      if (lk < 0)
-        return invalid("cu_seqlens_kv: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
-                       std::to_string(ck[n + 1]) + ") < entry " + std::to_string(n) + " (" + std::to_string(ck[n]) + ")");
       if (lq > c.s_q)
         return invalid("max_seqlen_q: sequence " + std::to_string(n) + " has " + std::to_string(lq) +
                        " query rows, more than max_seqlen_q = " + std::to_string(c.s_q));
+      if (paged) continue;  // key lengths: seqused_kv, checked below
+      const int64_t lk = int64_t(ck[n + 1]) - ck[n];
+      if (lk < 0)
+        return invalid("cu_seqlens_kv: must be non-decreasing, but entry " + std::to_string(n + 1) + " (" +
+                       std::to_string(ck[n + 1]) + ") < entry " + std::to_string(n) + " (" + std::to_string(ck[n]) + ")");
       if (lk > c.s_kv)
         return invalid("max_seqlen_kv: sequence " + std::to_string(n) + " has " + std::to_string(lk) +
                        " keys, more than max_seqlen_kv = " + std::to_string(c.s_kv));
@@ -190,7 +196,7 @@ Status check_batch_contents(const Call& c) {
     if (cq[c.b] > c.total_q)
       return invalid("cu_seqlens_q: last entry " + std::to_string(cq[c.b]) + " exceeds total_q = " +
                      std::to_string(c.total_q) + " (rows of q)");
-    if (ck[c.b] > c.total_kv)
+    if (!paged && ck[c.b] > c.total_kv)
       return invalid("cu_seqlens_kv: last entry " + std::to_string(ck[c.b]) + " exceeds total_kv = " +
                      std::to_string(c.total_kv) + " (rows of k)");
   } else {
@@ -214,6 +220,46 @@ Status check_batch_contents(const Call& c) {
       }
     }
   }
+  if (!paged) return Status::ok();
+  // Paged KV: seqused_kv[n] in [0, max_pages * page_size] (and max_seqlen_kv for varlen queries); the page table
+  // entries a sequence uses, n < b and p < ceil(seqused_kv[n] / page_size), in [0, num_pages). Entries past them are
+  // never read (SPEC.md section 1), here neither.
+  const int64_t cap = c.paged.capacity();
+  const int64_t bound = c.plan.varlen ? std::min(cap, c.s_kv) : cap;
+  for (int64_t n = 0; n < c.b; ++n) {
+    const int32_t u = used[n];
+    if (u < 0 || u > bound)
+      return invalid("seqused_kv: entry " + std::to_string(n) + " is " + std::to_string(u) + ", must be in [0, " +
+                     (c.plan.varlen && c.s_kv < cap ? "max_seqlen_kv = " + std::to_string(c.s_kv)
+                                                    : "max_pages * page_size = " + std::to_string(cap)) +
+                     "]");
+  }
+  if (p.page_table.data == nullptr) return Status::ok();
+  HostI32 table;
+  if (c.memory == Memory::kHost) {
+    table = host_view(c, p.page_table, 0);
+  } else if (!p.trust_device_batch_tensors) {
+    // One read-back of the span the table covers: (b - 1) * pt_n + (max_pages - 1) * pt_p + 1 entries.
+    const int64_t span = c.b > 0 && c.paged.max_pages > 0
+                             ? (c.b - 1) * c.paged.pt_n + (c.paged.max_pages - 1) * c.paged.pt_p + 1
+                             : 0;
+    table.copy.resize(static_cast<size_t>(span));
+    table.ok = span == 0 || device_to_host(p.page_table.data, table.copy.data(),
+                                           static_cast<size_t>(span) * sizeof(int32_t), p.stream);
+    table.data = table.copy.data();
+  }
+  if (!table.ok) return Status::ok();
+  for (int64_t n = 0; n < c.b; ++n) {
+    const int64_t pages = (int64_t(used[n]) + c.paged.page_size - 1) / c.paged.page_size;
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      const int32_t e = table.data[n * c.paged.pt_n + pg * c.paged.pt_p];
+      if (e < 0 || e >= c.paged.num_pages)
+        return invalid("page_table: entry [" + std::to_string(n) + ", " + std::to_string(pg) + "] is " +
+                       std::to_string(e) + ", must be a page of k / v in [0, num_pages = " +
+                       std::to_string(c.paged.num_pages) + ") (sequence " + std::to_string(n) + " uses " +
+                       std::to_string(pages) + " pages for seqused_kv = " + std::to_string(used[n]) + ")");
+    }
+  }
   return Status::ok();
 }
 
@@ -227,6 +273,7 @@ TensorPlan decide_tensors(const sinkattn_params_t& p, Pass pass) {
   t.seqused_kv = present(p.seqused_kv);
   t.seqlens_q = present(p.seqlens_q);
   t.seqlens_kv = present(p.seqlens_kv);
+  t.page_table = present(p.page_table);
   t.dropout = p.dropout_p > 0.0;
   t.sinks = learnable ? Use::kRequired : Use::kAbsent;
   t.bias = present(p.bias) ? Use::kRequired : Use::kAbsent;
@@ -263,7 +310,6 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   if (p.num_splits < 0)
     return invalid("num_splits: must be >= 0 (0 = the backend's heuristic, 1 = no split), got " +
                    std::to_string(p.num_splits));
-  if (present(p.page_table)) return unsupported("page_table: paged KV is not implemented yet");
 
   // ---- memory: q decides ----
   if (p.q.rank <= 0) return invalid("q: is required (rank 0 means absent)");
@@ -277,6 +323,11 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   c.plan = decide_tensors(p, pass);
   const TensorPlan& plan = c.plan;
   const bool varlen = plan.varlen;
+  const bool paged = plan.page_table;
+  if (paged && backward)
+    return invalid("page_table: paged KV is forward only (SPEC.md section 1); a backward with a page table is "
+                   "rejected");
+  c.num_splits = p.num_splits;
 
   // ---- q, k, v ----
   SINKATTN_RETURN_IF_ERROR(chk.basic("q", p.q));
@@ -287,15 +338,21 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   const char* qlayout = varlen ? "[total_q, h_q, d] (varlen)" : "[b, s_q, h_q, d] (dense)";
   if (p.q.rank != qrank)
     return invalid("q: rank must be " + std::to_string(qrank) + " for " + qlayout + ", got " + std::to_string(p.q.rank));
+  // Paged KV (SPEC.md section 1): k, v are page pools [num_pages, page_size, h_kv, d | d_v] whatever q's layout.
+  const int kvrank = paged ? 4 : qrank;
   for (const auto& [name, t] : {std::pair<const char*, const sinkattn_tensor_t*>{"k", &p.k}, {"v", &p.v}}) {
     if (!present(*t)) return invalid(std::string(name) + ": is required");
     SINKATTN_RETURN_IF_ERROR(chk.basic(name, *t));
     SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype));
-    if (t->rank != qrank)
+    if (paged && t->rank != 4)
+      return invalid(std::string(name) + ": with a page_table it is a page pool [num_pages, page_size, h_kv, " +
+                     (t == &p.k ? "d" : "d_v") + "] (rank 4), got rank " + std::to_string(t->rank));
+    if (t->rank != kvrank)
       return invalid(std::string(name) + ": rank must be " + std::to_string(qrank) + " like q, got " +
                      std::to_string(t->rank));
   }
-  const int o = varlen ? 0 : 1;  // offset of the row dimension
+  const int o = varlen ? 0 : 1;  // offset of the row dimension of q
+  const int ok = paged ? 1 : o;  // offset of the row dimension of k / v (the row within a page when paged)
   if (varlen) {
     c.total_q = p.q.shape[0];
     c.total_kv = p.k.shape[0];
@@ -303,19 +360,30 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     c.b = p.q.shape[0];
     c.s_q = p.q.shape[1];
     c.s_kv = p.k.shape[1];
-    if (p.k.shape[0] != c.b || p.v.shape[0] != c.b)
+    if (!paged && (p.k.shape[0] != c.b || p.v.shape[0] != c.b))
       return invalid("k: batch size must equal q's (" + std::to_string(c.b) + "), got k " + shape_str(p.k) + ", v " +
                      shape_str(p.v));
   }
   c.h_q = p.q.shape[o + 1];
   c.d = p.q.shape[o + 2];
-  c.h_kv = p.k.shape[o + 1];
-  c.d_v = p.v.shape[o + 2];
-  if (p.v.shape[o] != p.k.shape[o])
-    return invalid("v: must have as many rows as k (" + std::to_string(p.k.shape[o]) + "), got " + shape_str(p.v));
-  if (p.v.shape[o + 1] != c.h_kv)
+  c.h_kv = p.k.shape[ok + 1];
+  c.d_v = p.v.shape[ok + 2];
+  if (paged) {
+    c.paged.on = true;
+    c.paged.num_pages = p.k.shape[0];
+    c.paged.page_size = p.k.shape[1];
+    c.total_kv = c.paged.num_pages * c.paged.page_size;  // rows of the pools
+    if (c.paged.page_size < 1)
+      return invalid("k: page_size (dimension 1 of the page pool) must be >= 1, got " + shape_str(p.k));
+    if (p.v.shape[0] != p.k.shape[0] || p.v.shape[1] != p.k.shape[1])
+      return invalid("v: page pool must have the num_pages and page_size of k (" + shape_str(p.k) + "), got " +
+                     shape_str(p.v));
+  }
+  if (p.v.shape[ok] != p.k.shape[ok])
+    return invalid("v: must have as many rows as k (" + std::to_string(p.k.shape[ok]) + "), got " + shape_str(p.v));
+  if (p.v.shape[ok + 1] != c.h_kv)
     return invalid("v: must have h_kv = " + std::to_string(c.h_kv) + " heads like k, got " + shape_str(p.v));
-  if (p.k.shape[o + 2] != c.d)
+  if (p.k.shape[ok + 2] != c.d)
     return invalid("k: head dim must equal q's d = " + std::to_string(c.d) + ", got " + shape_str(p.k));
   if (c.h_q < 1) return invalid("q: h_q must be >= 1, got " + shape_str(p.q));
   if (c.h_kv < 1) return invalid("k: h_kv must be >= 1, got " + shape_str(p.k));
@@ -328,7 +396,10 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
 
   // ---- batch description ----
   if (varlen) {
-    if (!present(p.cu_seqlens_q) || !present(p.cu_seqlens_kv))
+    if (paged && present(p.cu_seqlens_kv))
+      return invalid("cu_seqlens_kv: with a page_table k and v are page pools and the key lengths are seqused_kv; "
+                     "cu_seqlens_kv must be absent (varlen queries give cu_seqlens_q only)");
+    if (!present(p.cu_seqlens_q) || (!paged && !present(p.cu_seqlens_kv)))
       return invalid(std::string(present(p.cu_seqlens_q) ? "cu_seqlens_kv" : "cu_seqlens_q") +
                      ": varlen needs both cu_seqlens_q and cu_seqlens_kv");
     SINKATTN_RETURN_IF_ERROR(chk.basic("cu_seqlens_q", p.cu_seqlens_q));
@@ -336,7 +407,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     if (p.cu_seqlens_q.rank != 1 || p.cu_seqlens_q.shape[0] < 1)
       return invalid("cu_seqlens_q: shape must be [b + 1] with b >= 0, got " + shape_str(p.cu_seqlens_q));
     c.b = p.cu_seqlens_q.shape[0] - 1;
-    SINKATTN_RETURN_IF_ERROR(chk.exact("cu_seqlens_kv", p.cu_seqlens_kv, SINKATTN_I32, {c.b + 1}));
+    if (!paged) SINKATTN_RETURN_IF_ERROR(chk.exact("cu_seqlens_kv", p.cu_seqlens_kv, SINKATTN_I32, {c.b + 1}));
     if (plan.seqused_kv) SINKATTN_RETURN_IF_ERROR(chk.exact("seqused_kv", p.seqused_kv, SINKATTN_I32, {c.b}));
     if (plan.seqlens_q || plan.seqlens_kv)
       return invalid(std::string(plan.seqlens_q ? "seqlens_q" : "seqlens_kv") +
@@ -347,9 +418,34 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     c.s_q = p.max_seqlen_q;
     c.s_kv = p.max_seqlen_kv;
   } else {
-    if (plan.seqused_kv) return invalid("seqused_kv: needs a varlen call (cu_seqlens_q / cu_seqlens_kv)");
+    if (plan.seqused_kv && !paged)
+      return invalid("seqused_kv: needs a varlen call (cu_seqlens_q / cu_seqlens_kv) or a page_table");
+    if (plan.seqused_kv) SINKATTN_RETURN_IF_ERROR(chk.exact("seqused_kv", p.seqused_kv, SINKATTN_I32, {c.b}));
     if (plan.seqlens_q) SINKATTN_RETURN_IF_ERROR(chk.exact("seqlens_q", p.seqlens_q, SINKATTN_I32, {c.b}));
+    if (plan.seqlens_kv && paged)
+      return invalid("seqlens_kv: with a page_table the key lengths are seqused_kv (SPEC.md section 1); seqlens_kv "
+                     "must be absent");
     if (plan.seqlens_kv) SINKATTN_RETURN_IF_ERROR(chk.exact("seqlens_kv", p.seqlens_kv, SINKATTN_I32, {c.b}));
+  }
+  if (paged) {
+    // page_table int32 [b, max_pages], memory of q; seqused_kv [b] required (SPEC.md section 1).
+    SINKATTN_RETURN_IF_ERROR(chk.basic("page_table", p.page_table));
+    SINKATTN_RETURN_IF_ERROR(chk.dtype("page_table", p.page_table, SINKATTN_I32));
+    if (p.page_table.rank != 2 || p.page_table.shape[0] != c.b)
+      return invalid("page_table: shape must be [b, max_pages] with b = " + std::to_string(c.b) + ", got " +
+                     shape_str(p.page_table));
+    if (!plan.seqused_kv)
+      return invalid("seqused_kv: is required with a page_table (int32 [b]: the keys of each sequence, SPEC.md "
+                     "section 1)");
+    c.paged.max_pages = p.page_table.shape[1];
+    c.paged.pt_n = p.page_table.strides[0];
+    c.paged.pt_p = p.page_table.strides[1];
+    if (!varlen) c.s_kv = c.paged.capacity();  // dense queries: the most keys a sequence can hold
+    if (plan.bias == Use::kRequired)
+      return invalid("bias: is not defined with a page_table (paged KV is for inference, SPEC.md section 1)");
+    if (plan.dropout)
+      return invalid("dropout_p: must be 0 with a page_table (paged KV is for inference, SPEC.md section 1), got " +
+                     std::to_string(p.dropout_p));
   }
 
   // ---- sinks, bias ----
@@ -400,8 +496,8 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   c.out = row_strides(p.out, varlen);
   c.lse = lse_strides(p.softmax_lse, varlen);
   c.q = row_strides(p.q, varlen);
-  c.k = row_strides(p.k, varlen);
-  c.v = row_strides(p.v, varlen);
+  c.k = row_strides(p.k, varlen && !paged);  // paged: {page, row in page, head}
+  c.v = row_strides(p.v, varlen && !paged);
 
   if (plan.rng_state == Use::kRequired) {
     if (!present(p.rng_state)) return invalid("rng_state: the backward with dropout_p > 0 requires rng_state (int64 [2])");
@@ -444,17 +540,21 @@ SeqBounds host_seq_bounds(const Call& c, int64_t n) {
   SeqBounds s;
   if (c.plan.varlen) {
     const int32_t* cq = host_i32(p.cu_seqlens_q);
-    const int32_t* ck = host_i32(p.cu_seqlens_kv);
-    const int64_t sq = p.cu_seqlens_q.strides[0], sk = p.cu_seqlens_kv.strides[0];
+    const int64_t sq = p.cu_seqlens_q.strides[0];
     s.q_start = cq[n * sq];
-    s.kv_start = ck[n * sk];
     s.len_q = cq[(n + 1) * sq] - s.q_start;
-    s.len_kv = ck[(n + 1) * sk] - s.kv_start;
-    if (c.plan.seqused_kv) s.len_kv = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
+    if (!c.paged.on) {
+      const int32_t* ck = host_i32(p.cu_seqlens_kv);
+      const int64_t sk = p.cu_seqlens_kv.strides[0];
+      s.kv_start = ck[n * sk];
+      s.len_kv = ck[(n + 1) * sk] - s.kv_start;
+    }
   } else {
     s.len_q = c.plan.seqlens_q ? host_i32(p.seqlens_q)[n * p.seqlens_q.strides[0]] : c.s_q;
     s.len_kv = c.plan.seqlens_kv ? host_i32(p.seqlens_kv)[n * p.seqlens_kv.strides[0]] : c.s_kv;
   }
+  // seqused_kv: the keys used (varlen), the keys in the pages (paged KV: the sequence's key count, kv_start 0).
+  if (c.plan.seqused_kv) s.len_kv = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
   return s;
 }
 

@@ -48,7 +48,8 @@ class CpuBackend final : public Backend {
            std::to_string(kMaxHeadDim) +
            "; softmax vanilla / off_by_one / learnable sinks; dense, padded and varlen batches; GQA/MQA; "
            "windows and causal (both alignments); post-scale bias with broadcast; dropout (Philox4x32-10); "
-           "d_lse; always deterministic; OpenMP threads: " +
+           "d_lse; paged KV (page_table, forward, any page size); split-KV (num_splits: 0 heuristic, 1 none, N at most "
+           "N <= 128, with a combine); always deterministic; OpenMP threads: " +
            std::to_string(omp_get_max_threads());
   }
 };

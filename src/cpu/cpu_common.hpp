@@ -19,6 +19,15 @@ namespace sinkattn::cpu {
 // Tile sizes: kBlockQ query rows x kBlockK keys.
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
+// Split-KV: at most this many key splits per row (num_splits above it is clamped; the CUDA decode kernels agree).
+constexpr int64_t kMaxSplits = 128;
+
+// OpenMP threads of a call: all cores, or at most num_threads.
+inline int cpu_threads(const sinkattn_params_t& p) {
+  int threads = omp_get_max_threads();
+  if (p.num_threads > 0) threads = std::min<int>(threads, p.num_threads);
+  return std::max(threads, 1);
+}
 
 // Everything a pass needs that does not depend on the tile.
 struct Ctx {
@@ -43,7 +52,9 @@ struct Ctx {
       seq[n] = host_seq_bounds(c, n);
       alloc_q[n] = c.plan.varlen ? seq[n].len_q : c.s_q;
       alloc_kv[n] = c.s_kv;
-      if (c.plan.varlen) {
+      if (c.paged.on) {
+        alloc_kv[n] = seq[n].len_kv;  // page pools: no rows owned (forward only; the panels hold the keys)
+      } else if (c.plan.varlen) {
         const int32_t* ck = static_cast<const int32_t*>(p.cu_seqlens_kv.data);
         const int64_t sk = p.cu_seqlens_kv.strides[0];
         alloc_kv[n] = int64_t(ck[(n + 1) * sk]) - ck[n * sk];
@@ -55,15 +66,19 @@ struct Ctx {
     nkb = (rows_kv + kBlockK - 1) / kBlockK;
     dp = round_up8(c.d);
     dvp = round_up8(c.d_v);
-    threads = omp_get_max_threads();
-    if (p.num_threads > 0) threads = std::min<int>(threads, p.num_threads);
-    threads = std::max(threads, 1);
+    threads = cpu_threads(p);
     if (c.plan.dropout) rdrop = static_cast<float>(1.0 / (1.0 - c.dropout_p));
   }
 
   // Rows of sequence n in the packed (varlen) or padded (dense) q-like tensors: global row of row i.
   int64_t q_row(int64_t n, int64_t i) const { return seq[n].q_start + i; }
+  // Key row j of sequence n in k-like tensors that are not page pools (dk, dv of the backward).
   int64_t kv_row(int64_t n, int64_t j) const { return seq[n].kv_start + j; }
+  // Key j of sequence n (head h) of k or v, through the page table for paged KV (core/kv_rows.hpp).
+  const void* kv_in_row(const sinkattn_tensor_t& t, const RowStrides& s, int64_t n, int64_t j, int64_t h) const {
+    const KvRowIndex r = host_kv_row(c, seq[n], n, j);
+    return at<const char>(t.data, c.dtype, s, r.b, r.s, h);
+  }
 
   // Element (n, row, head) of a q/k/v/out-like tensor.
   template <typename T>

@@ -9,7 +9,17 @@
 // and at the end out_i = acc / l, LSE_i = m + log(l). A row with no visible key keeps m = sigma, l = 1 and ends
 // with out = 0, LSE = sigma (vanilla: l = 0 -> out = 0, LSE = -inf). Dense padding rows get the same values.
 // K and V are converted once to fp32 panels in the workspace (cpu_panels.hpp); only the key tiles that
-// intersect the block's visible band are visited, so a sliding window costs O(s * window).
+// intersect the block's visible band are visited, so a sliding window costs O(s * window). Paged KV (SPEC.md
+// section 1) only changes where the panels read their rows from (Ctx::kv_in_row).
+//
+// Split-KV (num_splits, flash-decoding): the key tiles of a block's band are cut into S splits of consecutive tiles
+// (ceil(tiles / S) each; the last splits are empty when there are fewer tiles than splits). Each split runs the
+// online softmax above over its tiles alone and writes a partial (o_s = acc_s / l_s, lse_s = m_s + log l_s) to the
+// workspace; a combine pass merges them, lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) o_s. Exactly one
+// split carries the sink (starts with m = sigma, l = 1): the last one, which is the empty one whenever a band has
+// fewer tiles than splits, so its partial is then the sink alone (o = 0, lse = sigma). Every other split starts
+// vanilla, and an empty one has lse = -inf and weight 0 (it cannot overwrite a valid LSE); a row whose every
+// partial is -inf (vanilla, no key) ends with out = 0, LSE = -inf. The same scheme as the CUDA decode kernels.
 #include <cmath>
 #include <cstring>
 
@@ -22,9 +32,36 @@ namespace sinkattn::cpu {
 // K transposed and V rows in fp32 (cpu_panels.hpp).
 static KvPanels forward_panels(const Call& c) { return KvPanels(c, /*kt=*/true, /*k=*/false, /*v=*/true, /*vt=*/false); }
 
-size_t forward_workspace_bytes(const Call& c) { return static_cast<size_t>(forward_panels(c).floats()) * sizeof(float); }
+// The number of key splits of a forward (SPEC.md section 4: num_splits 0 = heuristic, 1 = none, N = at most N).
+static int64_t forward_num_splits(const Call& c) {
+  if (c.num_splits > 0) return std::min<int64_t>(c.num_splits, kMaxSplits);
+  // Heuristic: split only when the (sequence, head, query block) tasks leave threads idle, into splits of at least
+  // 4 key tiles (shapes only: the workspace query gives the same answer as the run).
+  const int64_t nqb = (c.s_q + kBlockQ - 1) / kBlockQ;
+  const int64_t tasks = c.b * c.h_q * nqb;
+  const int64_t threads = cpu_threads(*c.p);
+  if (tasks == 0 || tasks >= threads) return 1;
+  const int64_t tiles = (c.s_kv + kBlockK - 1) / kBlockK;
+  return std::clamp<int64_t>(std::min((threads + tasks - 1) / tasks, tiles / 4), 1, kMaxSplits);
+}
 
 namespace {
+
+// Partial results of the splits (S > 1) after the panels in the workspace: per (split, query head, row) the
+// normalised partial output o (dvp floats) and its lse. Rows: dense n * s_q + i, varlen the packed row.
+struct SplitPartials {
+  int64_t splits = 1, rows = 0, dvp = 0, h_q = 0;
+  float *o = nullptr, *lse = nullptr;
+  SplitPartials(const Call& c, int64_t s) : splits(s), dvp(round_up8(c.d_v)), h_q(c.h_q) {
+    rows = c.plan.varlen ? c.total_q : c.b * c.s_q;
+  }
+  int64_t floats() const { return splits > 1 ? ((splits * h_q * rows * (dvp + 1)) + 15) & ~int64_t(15) : 0; }
+  void bind(float* ws) {
+    o = ws;
+    lse = ws + splits * h_q * rows * dvp;
+  }
+  int64_t index(int64_t split, int64_t h, int64_t row) const { return (split * h_q + h) * rows + row; }
+};
 
 // Reads the forward's seed / offset (SPEC.md section 2, dropout): rng_seed_offset when given, otherwise the
 // scalars of the params; writes rng_state = {seed, offset} when given.
@@ -48,7 +85,9 @@ struct FwdTiles {
   float *q, *s, *acc, *m, *l, *brow, *drow, *tmp;
 };
 
-void forward_block(const Ctx& x, const KvPanels& kv, FwdTiles& t, int64_t n, int64_t h, int64_t qb) {
+// Split `split` of `parts.splits` of the block's band (all of it without splits).
+void forward_block(const Ctx& x, const KvPanels& kv, const SplitPartials& parts, FwdTiles& t, int64_t n, int64_t h,
+                   int64_t qb, int64_t split) {
   const Call& c = x.c;
   const sinkattn_params_t& p = x.p;
   const SeqBounds& sb = x.seq[n];
@@ -58,14 +97,17 @@ void forward_block(const Ctx& x, const KvPanels& kv, FwdTiles& t, int64_t n, int
   const int64_t nr = std::clamp<int64_t>(sb.len_q - i0, 0, nr_total);      // rows that are not padding
   const float sigma = x.sink(h);
   const float empty_lse = sigma;  // LSE of a row that sees no key: sigma, 0 (off_by_one), -inf (vanilla)
+  const bool split_kv = parts.splits > 1;
+  const bool carries_sink = split == parts.splits - 1;  // the one split that starts with the sink
+  const float seed_m = carries_sink ? sigma : -INFINITY;
   const int64_t kvh = h / c.group;
   const int64_t d = c.d, dv = c.d_v, dp = x.dp, dvp = x.dvp;
   const float scale = c.softmax_scale;
   const bool has_bias = c.plan.bias == Use::kRequired;
   const bool dropout = c.plan.dropout;
 
-  // Padding rows of a dense batch: out = 0, LSE = the empty-row value (SPEC.md section 2).
-  for (int64_t r = nr; r < nr_total; ++r) {
+  // Padding rows of a dense batch: out = 0, LSE = the empty-row value (SPEC.md section 2); written by split 0.
+  for (int64_t r = nr; r < nr_total && split == 0; ++r) {
     const int64_t row = x.q_row(n, i0 + r);
     zero_row(x.out_row(p.out, c.out, n, row, h), c.dtype, dv);
     *x.lse_ptr(p.softmax_lse, c.lse, n, h, row) = empty_lse;
@@ -74,21 +116,26 @@ void forward_block(const Ctx& x, const KvPanels& kv, FwdTiles& t, int64_t n, int
 
   RowRanges rr;
   rr.compute(c, i0, nr, sb.len_q, sb.len_kv);
+  // This split's tiles: [t_lo, t_hi) of the band's tiles (keys rr.klo + t * kBlockK ...).
+  const int64_t tiles = (rr.khi - rr.klo + kBlockK - 1) / kBlockK;
+  const int64_t per = (tiles + parts.splits - 1) / parts.splits;
+  const int64_t t_lo = std::min(tiles, split * per), t_hi = std::min(tiles, t_lo + per);
+  const int64_t j_lo = rr.klo + t_lo * kBlockK, j_hi = std::min(rr.khi, rr.klo + t_hi * kBlockK);
 
   for (int64_t r = 0; r < nr; ++r) {
-    t.m[r] = sigma;
-    t.l[r] = sigma > -INFINITY ? 1.f : 0.f;
+    t.m[r] = seed_m;
+    t.l[r] = seed_m > -INFINITY ? 1.f : 0.f;
   }
   std::memset(t.acc, 0, sizeof(float) * static_cast<size_t>(nr * dvp));
 
-  if (rr.klo < rr.khi) {
+  if (j_lo < j_hi) {
     load_tile(c.dtype, nr, d, dp, t.q, [&](int64_t r) { return x.in_row(p.q, c.q, n, x.q_row(n, i0 + r), h); });
   }
   uint8_t active[kBlockQ];  // row r has a nonzero P in the current tile
   const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
   const __m256 vscale = _mm256_set1_ps(scale);
-  for (int64_t j0 = rr.klo; j0 < rr.khi; j0 += kBlockK) {
-    const int64_t jn = std::min<int64_t>(kBlockK, rr.khi - j0);
+  for (int64_t j0 = j_lo; j0 < j_hi; j0 += kBlockK) {
+    const int64_t jn = std::min<int64_t>(kBlockK, j_hi - j0);
     const int64_t jnp = round_up8(jn);
     // S = Q K^T (unscaled dot products; columns past jn are discarded below).
     gemm_tile<false>(t.s, kBlockK, t.q, dp, 1, kv.kt_at(n, kvh, j0), kv.ld(x, n), nr, jnp, d);
@@ -152,28 +199,69 @@ void forward_block(const Ctx& x, const KvPanels& kv, FwdTiles& t, int64_t n, int
     }
   }
 
-  // Finalize: out = acc / l, LSE = m + log(l).
+  // Finalize: out = acc / l, LSE = m + log(l) (with splits: this split's partial o = acc / l and lse).
   for (int64_t r = 0; r < nr; ++r) {
     const int64_t row = x.q_row(n, i0 + r);
     const float l = t.l[r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const float lse = l > 0.f ? static_cast<float>(static_cast<double>(t.m[r]) + std::log(static_cast<double>(l)))
                               : -INFINITY;
+    if (split_kv) {
+      const int64_t at = parts.index(split, h, c.plan.varlen ? row : n * c.s_q + i0 + r);
+      float* o = parts.o + at * parts.dvp;
+      for (int64_t col = 0; col < dv; ++col) o[col] = t.acc[r * dvp + col] * inv;
+      parts.lse[at] = lse;
+      continue;
+    }
     store_row_scaled(t.acc + r * dvp, dv, inv, x.out_row(p.out, c.out, n, row, h), c.dtype, t.tmp);
     *x.lse_ptr(p.softmax_lse, c.lse, n, h, row) = lse;
   }
 }
 
+// The combine of the splits' partials of rows [0, len_q) of (n, h): lse = log sum_s exp(lse_s) (computed from the
+// largest), out = sum_s exp(lse_s - lse) o_s. Partials with lse_s = -inf (empty, vanilla splits) weigh 0.
+void combine_row(const Ctx& x, const SplitPartials& parts, int64_t n, int64_t h, int64_t i, float* acc, float* tmp) {
+  const Call& c = x.c;
+  const int64_t row = x.q_row(n, i);
+  const int64_t prow = c.plan.varlen ? row : n * c.s_q + i;
+  float m = -INFINITY;
+  for (int64_t s = 0; s < parts.splits; ++s) m = std::max(m, parts.lse[parts.index(s, h, prow)]);
+  std::fill(acc, acc + c.d_v, 0.f);
+  float lse = -INFINITY;
+  if (m > -INFINITY) {
+    double sum = 0;
+    for (int64_t s = 0; s < parts.splits; ++s) sum += std::exp(static_cast<double>(parts.lse[parts.index(s, h, prow)]) - m);
+    lse = static_cast<float>(m + std::log(sum));
+    for (int64_t s = 0; s < parts.splits; ++s) {
+      const int64_t at = parts.index(s, h, prow);
+      const float w = static_cast<float>(std::exp(static_cast<double>(parts.lse[at]) - lse));
+      if (w == 0.f) continue;  // also keeps an empty split's o (zeros) out of the sum
+      const float* o = parts.o + at * parts.dvp;
+      for (int64_t col = 0; col < c.d_v; ++col) acc[col] += w * o[col];
+    }
+  }
+  store_row_scaled(acc, c.d_v, 1.f, x.out_row(x.p.out, c.out, n, row, h), c.dtype, tmp);
+  *x.lse_ptr(x.p.softmax_lse, c.lse, n, h, row) = lse;
+}
+
 }  // namespace
+
+size_t forward_workspace_bytes(const Call& c) {
+  const SplitPartials parts(c, forward_num_splits(c));
+  return static_cast<size_t>(forward_panels(c).floats() + parts.floats()) * sizeof(float);
+}
 
 Status run_forward(const Call& c) {
   Ctx x(c);
   resolve_rng(c, &x);
-  const int64_t tasks = c.b * c.h_q * x.nqb;
+  SplitPartials parts(c, forward_num_splits(c));
+  const int64_t blocks = c.b * c.h_q * x.nqb;
+  const int64_t tasks = blocks * parts.splits;
   if (tasks == 0) return Status::ok();
   KvPanels kv = forward_panels(c);
-  if (kv.floats() > 0 && c.p->workspace == nullptr) return internal_error("cpu forward: workspace is NULL");
+  if (kv.floats() + parts.floats() > 0 && c.p->workspace == nullptr) return internal_error("cpu forward: workspace is NULL");
   kv.bind(static_cast<float*>(c.p->workspace));
+  parts.bind(static_cast<float*>(c.p->workspace) + kv.floats());
   kv.fill(x);
   const size_t floats = scratch_floats({size_t(kBlockQ * x.dp), size_t(kBlockQ * kBlockK), size_t(kBlockQ * x.dvp), size_t(kBlockQ),
                                         size_t(kBlockQ), size_t(kBlockK), size_t(kBlockK),
@@ -190,12 +278,21 @@ Status run_forward(const Call& c) {
     t.brow = sc.take(size_t(kBlockK));
     t.drow = sc.take(size_t(kBlockK));
     t.tmp = sc.take(size_t(std::max(x.dp, x.dvp)));
-    // Task order: query blocks from the last (the most keys under a causal mask) to the first, for balance.
+    // Task order: query blocks from the last (the most keys under a causal mask) to the first, for balance; the
+    // splits of one block are consecutive tasks.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t qb = x.nqb - 1 - task % x.nqb;
-      const int64_t nh = task / x.nqb;
-      forward_block(x, kv, t, nh / c.h_q, nh % c.h_q, qb);
+      const int64_t split = task % parts.splits, blk = task / parts.splits;
+      const int64_t qb = x.nqb - 1 - blk % x.nqb;
+      const int64_t nh = blk / x.nqb;
+      forward_block(x, kv, parts, t, nh / c.h_q, nh % c.h_q, qb, split);
+    }
+    if (parts.splits > 1) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t nh = 0; nh < c.b * c.h_q; ++nh) {
+        const int64_t n = nh / c.h_q, h = nh % c.h_q;
+        for (int64_t i = 0; i < x.seq[n].len_q; ++i) combine_row(x, parts, n, h, i, t.acc, t.tmp);
+      }
     }
   }
   return Status::ok();

@@ -33,7 +33,9 @@ struct KvPanels {
   KvPanels(const Call& c, bool kt_, bool k_, bool v_, bool vt_)
       : want_kt(kt_), want_k(k_), want_v(v_), want_vt(vt_), h_kv(c.h_kv), d(c.d), dv(c.d_v),
         dp(round_up8(c.d)), dvp(round_up8(c.d_v)) {
-    slots = c.plan.varlen ? c.total_kv + 16 * c.b : c.b * (round_up8(c.s_kv) + 8);
+    // Paged KV: each sequence holds at most s_kv keys (max_pages * page_size, or max_seqlen_kv for varlen queries);
+    // pages shared between sequences are converted once per sequence.
+    slots = c.plan.varlen && !c.paged.on ? c.total_kv + 16 * c.b : c.b * (round_up8(c.s_kv) + 8);
   }
   int64_t floats() const {
     const int64_t per_slot = (want_kt ? d : 0) + (want_k ? dp : 0) + (want_v ? dvp : 0) + (want_vt ? dv : 0);
@@ -88,14 +90,14 @@ struct KvPanels {
         for (int64_t j = 0; j < l; ++j) {
           if (want_kt || want_k) {
             float* row = want_k ? k + (base(n, kvh) + j) * dp : tmp.data();
-            if (j < len) load_row(x.in_row(p.k, c.k, n, x.kv_row(n, j), kvh), c.dtype, d, row, dp);
+            if (j < len) load_row(x.kv_in_row(p.k, c.k, n, j, kvh), c.dtype, d, row, dp);
             else std::fill(row, row + dp, 0.f);
             k_fin[base(n, kvh) + j] = row_finite(row, d) ? 1 : 0;
             if (want_kt) for (int64_t col = 0; col < d; ++col) ktb[col * l + j] = row[col];
           }
           if (want_v || want_vt) {
             float* row = want_v ? v + (base(n, kvh) + j) * dvp : tmp.data();
-            if (j < len) load_row(x.in_row(p.v, c.v, n, x.kv_row(n, j), kvh), c.dtype, dv, row, dvp);
+            if (j < len) load_row(x.kv_in_row(p.v, c.v, n, j, kvh), c.dtype, dv, row, dvp);
             else std::fill(row, row + dvp, 0.f);
             v_fin[base(n, kvh) + j] = row_finite(row, dv) ? 1 : 0;
             if (want_vt) for (int64_t col = 0; col < dv; ++col) vtb[col * l + j] = row[col];

@@ -3,7 +3,8 @@
 // kernel Params (params.cuh), checks what the kernels support (SPEC.md section 4: anything they do not support
 // is rejected with the reason, never silently dropped), lays out the workspace (same code path for the size
 // query and the run), and launches:
-//   forward:  fwd_kernel [+ rng_state]
+//   forward:  decode kernels when decode/decode.hpp's plan applies (up to 16 query rows per sequence: decode
+//             kernel [+ split combine]), else fwd_kernel (paged KV: its page-table variant) [+ rng_state]
 //   backward: preprocess (D, LSE2, d_sinks partials) -> d_sinks finalize ->
 //             deterministic:     dq kernel -> dK dV kernel
 //             non-deterministic: zero fp32 dq accumulator -> dK dV kernel with fused dQ (atomics) -> dq convert
@@ -16,6 +17,7 @@
 
 #include "core/backend.hpp"
 #include "core/philox.hpp"
+#include "cuda/decode/decode.hpp"
 #include "cuda/fp32/f32.hpp"
 #include "cuda/kernels.hpp"
 
@@ -157,6 +159,15 @@ Params make_params(const Call& c, const Workspace& w) {
       k.seqlens_kv_st = p.seqlens_kv.strides[0];
     }
   }
+  if (c.paged.on) {  // paged KV (SPEC 1): seqused_kv is required, cu_seqlens_kv absent
+    k.page_table = static_cast<const int*>(p.page_table.data);
+    k.pt_st_n = c.paged.pt_n;
+    k.pt_st_p = c.paged.pt_p;
+    k.page_size = static_cast<int>(c.paged.page_size);
+    k.seqused_kv = static_cast<const int*>(p.seqused_kv.data);
+    k.seqused_st = p.seqused_kv.strides[0];
+  }
+  k.num_splits = 1;
   k.b = static_cast<int>(c.b);
   k.s_q = static_cast<int>(c.s_q);
   k.s_kv = static_cast<int>(c.s_kv);
@@ -316,6 +327,11 @@ class CudaBackend final : public Backend {
     } else {
       SINKATTN_RETURN_IF_ERROR(check_rows("out", p.out, c.out, shape_only));
     }
+    if (c.paged.on) {  // the kernels index the page table with 32-bit integers
+      const int64_t span = c.b * c.paged.pt_n + c.paged.max_pages * c.paged.pt_p;
+      if (span >= (int64_t{1} << 31) || c.paged.page_size >= (int64_t{1} << 30))
+        return unsupported("cuda backend: page_table spans 2^31 or more entries (or page_size >= 2^30)");
+    }
     (void)empty_rows;
     return Status::ok();
   }
@@ -323,6 +339,10 @@ class CudaBackend final : public Backend {
   Status workspace_size(const Call& c, size_t* bytes) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::workspace_size(c, bytes);
     *bytes = workspace_layout(c).total;
+    if (c.pass == Pass::kForward) {
+      const cuda::DecodePlan dp = cuda::plan_decode(c);
+      if (dp.use) *bytes = dp.bytes;  // the split partials (none without splits)
+    }
     return Status::ok();
   }
 
@@ -335,11 +355,32 @@ class CudaBackend final : public Backend {
                                                           std::to_string(w.total)};
     if (c.pass == Pass::kBackward && w.total > 0 && c.p->workspace == nullptr)
       return invalid("workspace: NULL but the CUDA backward needs " + std::to_string(w.total) + " bytes");
-    const Params k = make_params(c, w);
+    Params k = make_params(c, w);
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
+    if (c.pass == Pass::kForward) {
+      const cuda::DecodePlan dp = cuda::plan_decode(c);
+      if (dp.use) return run_decode(c, dp, k, st);
+    }
     if (c.dtype == SINKATTN_F16) return run_typed<__half>(c, k, st);
     return run_typed<__nv_bfloat16>(c, k, st);
+  }
+
+  // Forward on the decode kernels (decode/decode.hpp) [+ rng_state].
+  static Status run_decode(const Call& c, const cuda::DecodePlan& dp, Params& k, cudaStream_t st) {
+    if (c.p->workspace_bytes < dp.bytes || (dp.bytes > 0 && c.p->workspace == nullptr))
+      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "cuda backend: workspace of " +
+                                                          std::to_string(c.p->workspace_bytes) +
+                                                          " bytes, the decode forward needs " + std::to_string(dp.bytes)};
+    cuda::bind_decode(dp, c.p->workspace, &k);
+    SINKATTN_CUDA_CHECK("decode kernels", c.dtype == SINKATTN_F16 ? cuda::launch_decode<__half>(k, dp, st)
+                                                                   : cuda::launch_decode<__nv_bfloat16>(k, dp, st));
+    const sinkattn_params_t& p = *c.p;
+    if (p.rng_state.rank > 0 && p.rng_state.data != nullptr)
+      SINKATTN_CUDA_CHECK("rng_state kernel",
+                          cuda::launch_rng_state(k.rng_in, k.rng_in_stride, k.seed, k.offset,
+                                                 static_cast<uint64_t*>(p.rng_state.data), p.rng_state.strides[0], st));
+    return Status::ok();
   }
 
   std::string describe() const override {
@@ -370,6 +411,13 @@ class CudaBackend final : public Backend {
 #else
     s += "  hopper: not built (CMAKE_CUDA_ARCHITECTURES without 90a)\n";
 #endif
+    s += "  decode (forward, up to 16 query rows per sequence, fp16 / bf16, head dims up to 128, no bias / dropout; "
+         "contiguous or paged KV): the query heads of a KV group packed into one tile, split-KV (flash-decoding; "
+         "num_splits 0 = heuristic from batch, KV heads, keys and SMs, N = at most N <= 128) with a combine kernel, "
+         "windows read only their pages; no host synchronisation or allocation (graph-capturable)\n";
+    s += "  paged KV (page_table, forward only, any page_size): decode kernels as above, longer query chunks on the "
+         "sm_80 forward kernel reading K / V rows through the page table (the Hopper forward is off for paged calls: "
+         "its TMA tensor maps describe contiguous rows)\n";
     s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
          "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
          "dropout (Philox, bit-identical to CPU), d_lse\n";

@@ -9,6 +9,7 @@
 #include "cuda/epilogue.cuh"
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
+#include "cuda/paged_kv.cuh"
 #include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 #include "cuda/softmax.cuh"
@@ -18,7 +19,9 @@ namespace sinkattn::cuda {
 // kExtra: the call has a bias or dropout. The common variant (false) compiles both out, so its mainloop is the
 // products, the edge-tile mask and the online softmax only.
 // kMinB, kBN: launch-bounds minimum blocks per SM and keys per step (FwdTraits by default).
-template <typename T, int HD, bool kExtra, int kMinB = FwdTraits<HD>::kMinBlocks, int kBN = FwdTraits<HD>::kBlockN>
+// kPaged: k, v are page pools read through p.page_table (paged KV, SPEC 1; paged_kv.cuh), only with kExtra = false.
+template <typename T, int HD, bool kExtra, int kMinB = FwdTraits<HD>::kMinBlocks, int kBN = FwdTraits<HD>::kBlockN,
+          bool kPaged = false>
 __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(const Params p) {
   using Tr = FwdTraits<HD>;
   constexpr int BM = Tr::kBlockM, BN = kBN, LD = Tr::kStride, NT = BN / 8, NO = HD / 8, MT = Tr::kMT;
@@ -56,8 +59,13 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
   load_tile_async<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
   if (nb_lo < nb_hi) {
     const int j0 = nb_lo * BN;
-    load_tile_async<BN, HD, Tr::kThreads>(sK, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
-    load_tile_async<BN, HD, Tr::kThreads>(sV, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+    if constexpr (kPaged) {
+      load_kv_tiles_async<BN, HD, Tr::kThreads>(sK, sV, static_cast<const T*>(p.k), static_cast<const T*>(p.v),
+                                                KvRows(p, sq, n, hk), j0, 0, sq.len_kv - j0, p.d, p.d_v, tid);
+    } else {
+      load_tile_async<BN, HD, Tr::kThreads>(sK, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
+      load_tile_async<BN, HD, Tr::kThreads>(sV, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+    }
   }
   cp_async_commit();
 
@@ -79,10 +87,16 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
     __syncthreads();
     if (nb + 1 < nb_hi) {  // prefetch the next K, V block into the other buffer
       const int j1 = (nb + 1) * BN;
-      load_tile_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, kg + j1 * p.k_st.s, p.k_st.s, sq.len_kv - j1,
-                                            p.d, tid);
-      load_tile_async<BN, HD, Tr::kThreads>(sV + (buf ^ 1) * BN * LD, vg + j1 * p.v_st.s, p.v_st.s, sq.len_kv - j1,
-                                            p.d_v, tid);
+      if constexpr (kPaged) {
+        load_kv_tiles_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, sV + (buf ^ 1) * BN * LD,
+                                                  static_cast<const T*>(p.k), static_cast<const T*>(p.v),
+                                                  KvRows(p, sq, n, hk), j1, 0, sq.len_kv - j1, p.d, p.d_v, tid);
+      } else {
+        load_tile_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, kg + j1 * p.k_st.s, p.k_st.s, sq.len_kv - j1,
+                                              p.d, tid);
+        load_tile_async<BN, HD, Tr::kThreads>(sV + (buf ^ 1) * BN * LD, vg + j1 * p.v_st.s, p.v_st.s, sq.len_kv - j1,
+                                              p.d_v, tid);
+      }
     }
     cp_async_commit();
 
@@ -101,17 +115,7 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
       if (!fold) make_logits<T, NT, false, kExtra>(s[mt], p, mk, need_mask, n, h, row_w + mt * 16, j0, lane);
       float alpha[2];
       sm[mt].step(s[mt], alpha, fold ? p.scale_log2 : 1.f);
-      // Rescale only when some row's maximum moved (warp vote): with a sink at or above the scores (or once
-      // the maximum has settled) alpha is exactly 1 and the multiplies are skipped.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int o = 0; o < NO; ++o) {
-          acc[mt][o][0] *= alpha[0];
-          acc[mt][o][1] *= alpha[0];
-          acc[mt][o][2] *= alpha[1];
-          acc[mt][o][3] *= alpha[1];
-        }
-      }
+      rescale_rows(acc[mt], alpha);  // only when some row's maximum moved (softmax.cuh)
     }
     if (kExtra && p.dropout) {
       const Dropout dp(p, n, h);

@@ -131,6 +131,16 @@ cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
   const int mblocks = (p.s_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (mblocks == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(mblocks, p.h_q, p.b);
+  if (p.page_table != nullptr) {
+    // Paged KV (SPEC 1; validation refuses bias and dropout with a page table): the sm_80 kernel reading K / V rows
+    // through the page table. The Hopper forward stays off for paged calls: its TMA tensor maps describe contiguous
+    // rows, not pages. At most 2 blocks per SM: the per-row page lookups need registers (fewer spills).
+    constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
+    cudaError_t e = prepare_smem(fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true>, Tr::kSmem);
+    if (e != cudaSuccess) return e;
+    fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+    return cudaGetLastError();
+  }
   if constexpr (HD == 64 || HD == 128) {
     // A window that leaves each block of 128 query rows fewer than 512 keys (128 + window_left + window_right)
     // stays on the sm_80 kernel: the Hopper kernel, one or two blocks per SM, then spends much of a block in its

@@ -44,6 +44,10 @@ struct Params {
   const int* seqlens_kv;
   int64_t cu_q_st, cu_kv_st, seqused_st, seqlens_q_st, seqlens_kv_st;
   int varlen;
+  // ---- paged KV (SPEC 1): k, v are page pools, k_st / v_st = {page, row in page, head}; null when not paged ----
+  const int* page_table;  // [b, max_pages]; entries past ceil(seqused_kv[n] / page_size) are never read
+  int64_t pt_st_n, pt_st_p;
+  int page_size;
 
   // ---- sizes ----
   int b, s_q, s_kv, h_q, h_kv, group, d, d_v;  // s_q / s_kv: dense extents or varlen max_seqlen
@@ -62,6 +66,11 @@ struct Params {
   const uint64_t* rng_in;  // forward: rng_seed_offset (may be null); backward: rng_state
   int64_t rng_in_stride;
   uint64_t seed, offset;   // used when rng_in is null
+
+  // ---- workspace (forward, split-KV decode: decode/decode_kernel.cuh) ----
+  int num_splits;      // key splits per row (1: no split, partials unused)
+  float* ws_o_part;    // [num_splits][h_q][rows_total_q][d_v]: each split's normalised partial output
+  float* ws_lse_part;  // [num_splits][h_q][rows_total_q]: each split's partial LSE (natural log; -inf: nothing)
 
   // ---- workspace (backward) ----
   float* ws_lse2;      // [h_q][rows_total_q]: LSE * log2(e), +inf for rows that see nothing / padding
@@ -83,13 +92,15 @@ __device__ __forceinline__ SeqInfo seq_info(const Params& p, int n) {
   SeqInfo s;
   if (p.varlen) {
     const int q0 = p.cu_seqlens_q[n * p.cu_q_st], q1 = p.cu_seqlens_q[(n + 1) * p.cu_q_st];
-    const int k0 = p.cu_seqlens_kv[n * p.cu_kv_st], k1 = p.cu_seqlens_kv[(n + 1) * p.cu_kv_st];
     s.q_start = q0;
-    s.kv_start = k0;
     s.len_q = q1 - q0;
     s.rows_q = s.len_q;
-    s.rows_kv = k1 - k0;
-    s.len_kv = p.seqused_kv ? min(p.seqused_kv[n * p.seqused_st], s.rows_kv) : s.rows_kv;
+    if (p.page_table == nullptr) {
+      const int k0 = p.cu_seqlens_kv[n * p.cu_kv_st], k1 = p.cu_seqlens_kv[(n + 1) * p.cu_kv_st];
+      s.kv_start = k0;
+      s.rows_kv = k1 - k0;
+      s.len_kv = p.seqused_kv ? min(p.seqused_kv[n * p.seqused_st], s.rows_kv) : s.rows_kv;
+    }
   } else {
     s.q_start = 0;
     s.kv_start = 0;
@@ -97,6 +108,10 @@ __device__ __forceinline__ SeqInfo seq_info(const Params& p, int n) {
     s.rows_kv = p.s_kv;
     s.len_q = p.seqlens_q ? min(p.seqlens_q[n * p.seqlens_q_st], p.s_q) : p.s_q;
     s.len_kv = p.seqlens_kv ? min(p.seqlens_kv[n * p.seqlens_kv_st], p.s_kv) : p.s_kv;
+  }
+  if (p.page_table != nullptr) {  // paged KV: the sequence's keys are seqused_kv[n] rows of its pages
+    s.kv_start = 0;
+    s.len_kv = s.rows_kv = min(p.seqused_kv[n * p.seqused_st], p.s_kv);
   }
   return s;
 }

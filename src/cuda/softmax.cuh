@@ -13,15 +13,30 @@
 
 namespace sinkattn::cuda {
 
+// The natural-log LSE of a finished online-softmax row in base 2 (m2 = max * log2(e), l = sum of exp2(x - m2), the
+// sink's 1 included), -inf when l = 0. A row still in its initial state (m2 = sigma * log2(e), l = 1: no key, or only
+// keys whose exp2 underflowed next to the sink's 1) gets sigma exactly (SPEC 2), not sigma * log2(e) * ln(2) rounded
+// twice; that value is also the exact answer for a row whose one contributing key scored sigma.
+__device__ __forceinline__ float natural_lse(float m2, float l, float sigma) {
+  if (!(l > 0.f)) return -INFINITY;
+  return (l == 1.f && m2 == sigma * kLog2e) ? sigma : (m2 + __log2f(l)) * kLn2;
+}
+
 template <int NT>  // n-tiles of 8 keys per step
 struct OnlineSoftmax {
   float m[2];
   float l[2];
 
-  __device__ __forceinline__ void init(float sigma, int lane) {
-    const float m0 = sigma * kLog2e;  // the sink is never scaled by softmax_scale (SPEC 2)
-    m[0] = m[1] = m0;
-    l[0] = l[1] = (m0 != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
+  __device__ __forceinline__ void init(float sigma, int lane) { init(sigma, sigma, lane); }
+  // Rows g and g + 8 with their own sinks (the decode kernels pack the query heads of a KV group into one tile,
+  // so the two rows of a thread may belong to different heads).
+  __device__ __forceinline__ void init(float sigma0, float sigma8, int lane) {
+    const float s[2] = {sigma0 * kLog2e, sigma8 * kLog2e};  // the sink is never scaled by softmax_scale (SPEC 2)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = s[r];
+      l[r] = (s[r] != -INFINITY && (lane & 3) == 0) ? 1.f : 0.f;
+    }
   }
 
   // s: scores of this step in units of 1 / sc (masked = -inf): x = sc * s is the base-2 score, sc > 0 (the
@@ -51,19 +66,27 @@ struct OnlineSoftmax {
   }
 
   // Row r: 1 / l (0 for an empty vanilla row, giving out = 0) and the natural-log LSE (-inf when empty).
-  // A row still in its initial state (m = sigma * log2(e), l = 1: no key, or only keys whose exp2 underflowed
-  // next to the sink's 1) gets LSE = sigma exactly (SPEC 2), not sigma * log2(e) * ln(2) rounded twice; `sigma` is
-  // the value init() was given.
+  // `sigma` is the value init() was given (natural_lse: exactly sigma for a row that saw no key).
   __device__ __forceinline__ void finalize(int r, float sigma, float& inv_l, float& lse) const {
     const float lt = quad_sum(l[r]);
-    if (lt > 0.f) {
-      inv_l = 1.f / lt;
-      lse = (lt == 1.f && m[r] == sigma * kLog2e) ? sigma : (m[r] + __log2f(lt)) * kLn2;
-    } else {
-      inv_l = 0.f;
-      lse = -INFINITY;
-    }
+    inv_l = lt > 0.f ? 1.f / lt : 0.f;
+    lse = natural_lse(m[r], lt, sigma);
   }
 };
+
+// acc *= alpha of its row (alpha[0]: row g, alpha[1]: row g + 8 of the C fragments), skipped when no row's maximum
+// moved (warp vote): with a sink at or above the scores, or once the maximum has settled, alpha is exactly 1.
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&acc)[NO][4], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int o = 0; o < NO; ++o) {
+      acc[o][0] *= alpha[0];
+      acc[o][1] *= alpha[0];
+      acc[o][2] *= alpha[1];
+      acc[o][3] *= alpha[1];
+    }
+  }
+}
 
 }  // namespace sinkattn::cuda

@@ -102,6 +102,31 @@ std::vector<Variant> variants() {
     x.options.window_right = 0;
     v.push_back(x);
   }
+  {
+    Variant x{"bf16-paged-decode", {}, {}};
+    x.tensors = {{"q", SINKATTN_BF16, {3, 1, 8, 16}, {}},
+                 {"k", SINKATTN_BF16, {7, 16, 2, 16}, {}},
+                 {"v", SINKATTN_BF16, {7, 16, 2, 16}, {}},
+                 {"sinks", SINKATTN_F32, {8}, {3.6888794541139363, 20.0, -1.5, 0.75, 1.0, 2.0, 0.25, -3.0}},
+                 {"seqused_kv", SINKATTN_I32, {3}, {40, 0, 17}},
+                 {"page_table", SINKATTN_I32, {3, 4}, {5, 0, 6, -1, 99, -7, 2147483647, 3, 0, 3, 1000, -5}}};
+    x.options.softmax_type = SINKATTN_SOFTMAX_LEARNABLE;
+    x.options.window_left = 31;
+    x.options.window_right = 0;
+    v.push_back(x);
+  }
+  {
+    Variant x{"f16-paged-varlen", {}, {}};
+    x.tensors = {{"q", SINKATTN_F16, {5, 2, 8}, {}},
+                 {"k", SINKATTN_F16, {5, 8, 1, 8}, {}},
+                 {"v", SINKATTN_F16, {5, 8, 1, 8}, {}},
+                 {"cu_seqlens_q", SINKATTN_I32, {4}, {0, 2, 2, 5}},
+                 {"seqused_kv", SINKATTN_I32, {3}, {9, 3, 16}},
+                 {"page_table", SINKATTN_I32, {3, 2}, {4, 1, 2, -1, 0, 3}}};
+    x.options.softmax_type = SINKATTN_SOFTMAX_OFF_BY_ONE;
+    x.options.window_right = 0;
+    v.push_back(x);
+  }
   return v;
 }
 
@@ -242,12 +267,13 @@ TEST_P(CaptureVariant, HostCallHasSpecShapesAndPoisonedOutputs) {
   const sinkattn_params_t& p = call.params;
   const auto& q = c.at("q").shape;
   const auto& vv = c.at("v").shape;
-  EXPECT_TRUE(call.backward);
+  EXPECT_EQ(call.backward, c.has("d_out"));  // paged variants are forward only (SPEC.md section 1)
   // Inputs point at the capture's bytes.
   EXPECT_EQ(p.q.data, c.at("q").bytes.data());
   EXPECT_EQ(p.k.data, c.at("k").bytes.data());
   EXPECT_EQ(p.v.data, c.at("v").bytes.data());
-  EXPECT_EQ(p.d_out.data, c.at("d_out").bytes.data());
+  if (call.backward) EXPECT_EQ(p.d_out.data, c.at("d_out").bytes.data());
+  if (c.paged()) EXPECT_EQ(p.page_table.data, c.at("page_table").bytes.data());
   EXPECT_EQ(p.q.rank, static_cast<int32_t>(q.size()));
   EXPECT_EQ(p.q.strides[q.size() - 1], 1);
   EXPECT_EQ(p.softmax_type, v.options.softmax_type);
@@ -262,18 +288,25 @@ TEST_P(CaptureVariant, HostCallHasSpecShapesAndPoisonedOutputs) {
     EXPECT_TRUE(std::isnan(p.softmax_scale));
   }
   const bool varlen = q.size() == 3;
-  if (varlen) {
+  if (varlen && !c.paged()) {
     EXPECT_EQ(p.max_seqlen_q, 4);   // cu_seqlens_q {0, 3, 3, 7}: longest 4
     EXPECT_EQ(p.max_seqlen_kv, 5);  // cu_seqlens_kv {0, 5, 7, 7}: longest 5
+  } else if (varlen) {
+    EXPECT_EQ(p.max_seqlen_q, 3);   // cu_seqlens_q {0, 2, 2, 5}: longest 3
+    EXPECT_EQ(p.max_seqlen_kv, 16);  // seqused_kv {9, 3, 16}: longest 16
   }
   std::vector<int64_t> out_shape = q;
   out_shape.back() = vv.back();
   const std::vector<int64_t> lse_shape = varlen ? std::vector<int64_t>{q[1], q[0]} : std::vector<int64_t>{q[0], q[2], q[1]};
   std::map<std::string, std::pair<sinkattn_dtype_t, std::vector<int64_t>>> want = {
-      {"out", {c.at("q").dtype, out_shape}},   {"softmax_lse", {SINKATTN_F32, lse_shape}},
-      {"d_q", {c.at("q").dtype, q}},           {"d_k", {c.at("q").dtype, c.at("k").shape}},
-      {"d_v", {c.at("q").dtype, vv}}};
-  if (v.options.softmax_type == SINKATTN_SOFTMAX_LEARNABLE) want["d_sinks"] = {SINKATTN_F32, {q[varlen ? 1 : 2]}};
+      {"out", {c.at("q").dtype, out_shape}}, {"softmax_lse", {SINKATTN_F32, lse_shape}}};
+  if (call.backward) {
+    want["d_q"] = {c.at("q").dtype, q};
+    want["d_k"] = {c.at("q").dtype, c.at("k").shape};
+    want["d_v"] = {c.at("q").dtype, vv};
+  }
+  if (call.backward && v.options.softmax_type == SINKATTN_SOFTMAX_LEARNABLE)
+    want["d_sinks"] = {SINKATTN_F32, {q[varlen ? 1 : 2]}};
   if (c.has("bias")) want["d_bias"] = {c.at("bias").dtype, c.at("bias").shape};
   if (v.options.dropout_p > 0) want["rng_state"] = {SINKATTN_I64, {2}};
   ASSERT_EQ(call.outputs.size(), want.size());

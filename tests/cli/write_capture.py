@@ -105,6 +105,34 @@ VARIANTS = {
         },
         metadata={"softmax_type": "off_by_one", "window_right": "0"},
     ),
+    # paged KV decode (SPEC.md section 1), bf16, GQA 8/2: k, v page pools [7 pages, 16 rows]; sequence 0 uses 3 pages
+    # (40 keys, ends mid-page), 1 none, 2 two pages (17 keys); sequences 0 and 2 share page 0 (a common page); table
+    # entries past each sequence's pages are garbage, which is never read. Learnable sinks, GPT-OSS window, forward.
+    "bf16-paged-decode": dict(
+        tensors={
+            "q": ("BF16", [3, 1, 8, 16], None),
+            "k": ("BF16", [7, 16, 2, 16], None),
+            "v": ("BF16", [7, 16, 2, 16], None),
+            "sinks": ("F32", [8], [3.6888794541139363, 20.0, -1.5, 0.75, 1.0, 2.0, 0.25, -3.0]),  # log(40), 20
+            "seqused_kv": ("I32", [3], [40, 0, 17]),
+            "page_table": ("I32", [3, 4], [5, 0, 6, -1, 99, -7, 2147483647, 3, 0, 3, 1000, -5]),
+        },
+        metadata={"softmax_type": "learnable", "window_left": "31", "window_right": "0"},
+    ),
+    # paged KV with varlen queries (chunked prefill / speculative tokens): fp16, 3 sequences of 2, 0 and 3 queries,
+    # causal, pages of 8 rows (page pools [5, 8, 1, 8]); max_seqlen keys omitted (default: the longest sequence,
+    # max(seqused_kv) for the keys).
+    "f16-paged-varlen": dict(
+        tensors={
+            "q": ("F16", [5, 2, 8], None),
+            "k": ("F16", [5, 8, 1, 8], None),
+            "v": ("F16", [5, 8, 1, 8], None),
+            "cu_seqlens_q": ("I32", [4], [0, 2, 2, 5]),
+            "seqused_kv": ("I32", [3], [9, 3, 16]),
+            "page_table": ("I32", [3, 2], [4, 1, 2, -1, 0, 3]),
+        },
+        metadata={"softmax_type": "off_by_one", "window_right": "0"},
+    ),
 }
 
 

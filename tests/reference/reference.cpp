@@ -124,7 +124,8 @@ struct Problem {
   uint64_t seed = 0, offset = 0;
 
   int64_t q_row(int64_t n, int64_t i) const { return varlen ? cu_q[n] + i : n * s_q + i; }
-  int64_t kv_row(int64_t n, int64_t j) const { return varlen ? cu_kv[n] + j : n * s_kv + j; }
+  bool varlen_kv_only = false;  // paged KV with dense queries: keys packed as varlen (parse_paged), queries dense
+  int64_t kv_row(int64_t n, int64_t j) const { return varlen || varlen_kv_only ? cu_kv[n] + j : n * s_kv + j; }
   int64_t rows_of(int64_t n) const { return varlen ? cu_q[n + 1] - cu_q[n] : s_q; }       // rows in the buffer
   int64_t keys_of(int64_t n) const { return varlen ? cu_kv[n + 1] - cu_kv[n] : s_kv; }    // keys in the buffer
   int64_t lse_index(int64_t n, int64_t h, int64_t i) const {
@@ -148,6 +149,78 @@ void require(bool ok, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("reference: ") + what);
 }
 
+// Paged KV (SPEC.md section 1): k, v are page pools [num_pages, page_size, h_kv, d | d_v]; key j < seqused_kv[n]
+// of sequence n is row j % page_size of page page_table[n, j / page_size]. The keys of every sequence are gathered
+// into a packed [b * cap, h_kv, d] array (cap = max_pages * page_size, sequence n at rows n * cap ..), described as
+// a varlen key side with cu_kv = {0, cap, 2 cap, ...} and len_kv = seqused_kv; queries stay dense or varlen.
+// Only the pages a sequence uses are read (entries past ceil(seqused_kv[n] / page_size) never are). Forward only.
+void parse_paged(const sinkattn_params_t& p, bool backward, Problem& pr) {
+  require(!backward, "paged KV (page_table) is forward only");
+  require(p.k.rank == 4 && p.v.rank == 4, "paged k, v must be page pools of rank 4");
+  require(present(p.seqused_kv), "a page_table needs seqused_kv");
+  require(!present(p.cu_seqlens_kv) && !present(p.seqlens_kv), "a page_table takes key lengths from seqused_kv");
+  const int64_t num_pages = p.k.shape[0], page_size = p.k.shape[1];
+  pr.h_kv = p.k.shape[2];
+  pr.d_v = p.v.shape[3];
+  require(p.v.shape[0] == num_pages && p.v.shape[1] == page_size && p.v.shape[2] == pr.h_kv, "k, v pools disagree");
+  require(p.page_table.rank == 2, "page_table must be [b, max_pages]");
+  const Array table = read_tensor(p.page_table);
+  const int64_t max_pages = p.page_table.shape[1], cap = max_pages * page_size;
+  if (pr.varlen) {
+    require(p.q.rank == 3, "varlen q must have rank 3");
+    pr.total_q = p.q.shape[0];
+    pr.h_q = p.q.shape[1];
+    pr.d = p.q.shape[2];
+    for (double x : read_tensor(p.cu_seqlens_q).data) pr.cu_q.push_back(static_cast<int64_t>(x));
+    require(pr.cu_q.size() >= 1 && pr.cu_q[0] == 0, "cu_seqlens_q must start at 0");
+    pr.b = static_cast<int64_t>(pr.cu_q.size()) - 1;
+    int64_t longest_q = 0;
+    for (int64_t n = 0; n < pr.b; ++n) {
+      require(pr.cu_q[n + 1] >= pr.cu_q[n], "cu_seqlens_q must be non-decreasing");
+      pr.len_q.push_back(pr.cu_q[n + 1] - pr.cu_q[n]);
+      longest_q = std::max(longest_q, pr.len_q[n]);
+    }
+    pr.s_q = p.max_seqlen_q > 0 ? p.max_seqlen_q : longest_q;
+  } else {
+    require(p.q.rank == 4, "dense q must have rank 4");
+    pr.b = p.q.shape[0];
+    pr.s_q = p.q.shape[1];
+    pr.h_q = p.q.shape[2];
+    pr.d = p.q.shape[3];
+    pr.total_q = pr.b * pr.s_q;
+    for (int64_t n = 0; n < pr.b; ++n)
+      pr.len_q.push_back(present(p.seqlens_q) ? static_cast<int64_t>(read_tensor(p.seqlens_q).data.at(n)) : pr.s_q);
+  }
+  require(p.k.shape[3] == pr.d && table.shape[0] == pr.b, "paged shapes disagree");
+  const std::vector<double> used = read_tensor(p.seqused_kv).data;
+  require(static_cast<int64_t>(used.size()) == pr.b, "seqused_kv must have b entries");
+  Array k = make({pr.b * cap, pr.h_kv, pr.d}, kNaN), v = make({pr.b * cap, pr.h_kv, pr.d_v}, kNaN);
+  int64_t longest_kv = 0;
+  for (int64_t n = 0; n < pr.b; ++n) {
+    const int64_t len = static_cast<int64_t>(used[n]);
+    require(len >= 0 && len <= cap, "seqused_kv out of [0, max_pages * page_size]");
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t page = static_cast<int64_t>(table.data[n * max_pages + j / page_size]);
+      require(page >= 0 && page < num_pages, "page_table entry out of range");
+      const int64_t src = page * page_size + j % page_size, dst = n * cap + j;
+      for (int64_t x = 0; x < pr.h_kv * pr.d; ++x) k.data[dst * pr.h_kv * pr.d + x] = pr.k.data[src * pr.h_kv * pr.d + x];
+      for (int64_t x = 0; x < pr.h_kv * pr.d_v; ++x)
+        v.data[dst * pr.h_kv * pr.d_v + x] = pr.v.data[src * pr.h_kv * pr.d_v + x];
+    }
+    pr.len_kv.push_back(len);
+    longest_kv = std::max(longest_kv, len);
+  }
+  pr.k = std::move(k);
+  pr.v = std::move(v);
+  pr.total_kv = pr.b * cap;
+  pr.s_kv = pr.varlen ? (p.max_seqlen_kv > 0 ? p.max_seqlen_kv : longest_kv) : cap;
+  // The key side as varlen: sequence n at rows n * cap (kv_row), in the gathered arrays.
+  for (int64_t n = 0; n <= pr.b; ++n) pr.cu_kv.push_back(n * cap);
+  if (!pr.varlen) {  // dense queries: q rows n * s_q + i, keys through cu_kv
+    pr.varlen_kv_only = true;
+  }
+}
+
 Problem parse(const sinkattn_params_t& p, bool backward, DFrom d_from) {
   Problem pr;
   require(present(p.q) && present(p.k) && present(p.v), "q, k, v are required");
@@ -156,7 +229,9 @@ Problem parse(const sinkattn_params_t& p, bool backward, DFrom d_from) {
   pr.q = read_tensor(p.q);
   pr.k = read_tensor(p.k);
   pr.v = read_tensor(p.v);
-  if (!pr.varlen) {
+  if (present(p.page_table)) {
+    parse_paged(p, backward, pr);
+  } else if (!pr.varlen) {
     require(p.q.rank == 4 && p.k.rank == 4 && p.v.rank == 4, "dense q, k, v must have rank 4");
     pr.b = p.q.shape[0];
     pr.s_q = p.q.shape[1];

@@ -34,6 +34,7 @@ __all__ = [
 
 FORWARD_TARGET = "sinkattn_jax_forward"
 BACKWARD_TARGET = "sinkattn_jax_backward"
+DECODE_TARGET = "sinkattn_jax_decode"  # the forward with num_splits (sinkattn.jax.decode_attention)
 
 # Enum values of include/sinkattn/sinkattn.h.
 F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
@@ -45,6 +46,7 @@ MAX_RANK = 4
 # Operand bits of the handler protocol (python/ffi/ffi_handlers.cpp).
 OP_SINKS, OP_BIAS, OP_D_LSE, OP_CU_SEQLENS = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 OP_SEQUSED_KV, OP_SEQLENS_Q, OP_SEQLENS_KV, OP_RNG = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+OP_PAGE_TABLE, OP_CU_SEQLENS_Q_ONLY = 1 << 8, 1 << 9
 
 
 class SinkattnError(ValueError):
@@ -227,7 +229,10 @@ def _register(lib: ctypes.CDLL) -> None:
 
     jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_forward_cpu), platform="cpu")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_backward_cpu), platform="cpu")
+    jax.ffi.register_ffi_target(DECODE_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_decode_cpu), platform="cpu")
     if lib.sinkattn_backend_available(BACKEND_CUDA):
+        jax.ffi.register_ffi_target(DECODE_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_decode_cuda),
+                                    platform="CUDA")
         jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_forward_cuda),
                                     platform="CUDA")
         jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.sinkattn_jax_backward_cuda),

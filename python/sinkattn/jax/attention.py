@@ -124,12 +124,13 @@ def _optional_operands(sinks, bias, d_lse, batch, rng):
     return bits, ops, fields
 
 
-def _workspace(backward: bool, platform: str, tensors: dict, cfg: _Config) -> int:
+def _workspace(backward: bool, platform: str, tensors: dict, options: dict) -> int:
     """The library's size query (raises SinkattnError with its message). For a platform other than JAX's default
     one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid call is
-    not raised at trace time: the library re-validates when that branch runs and raises the same message then."""
+    not raised at trace time: the library re-validates when that branch runs and raises the same message then.
+    ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
     try:
-        return _ffi.workspace_size(backward, platform, tensors, cfg.options())
+        return _ffi.workspace_size(backward, platform, tensors, options)
     except _ffi.SinkattnError:
         if platform == _ffi.default_platform() or len(_ffi.platforms()) == 1:
             raise
@@ -171,7 +172,7 @@ def _forward(cfg: _Config, q, k, v, sinks, bias, batch, rng):
         tensors["rng_state"] = ((4,), np.uint32)
 
     def run(platform, *operands):
-        ws = _workspace(False, platform, tensors, cfg)
+        ws = _workspace(False, platform, tensors, cfg.options())
         results = [jax.ShapeDtypeStruct(out_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32),
                    jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8)]
         if cfg.dropout_p > 0.0:
@@ -200,7 +201,7 @@ def _backward(cfg: _Config, q, k, v, sinks, bias, batch, out, lse, rng_state, d_
     extra = ([_sd(sinks)] if learnable else []) + ([_sd(bias)] if bias is not None else [])
 
     def run(platform, *operands):
-        ws = _workspace(True, platform, tensors, cfg)
+        ws = _workspace(True, platform, tensors, cfg.options())
         results = [jax.ShapeDtypeStruct(s, d) for s, d in outs]
         results.append(jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
         results += [jax.ShapeDtypeStruct(s, d) for s, d in extra]
@@ -330,6 +331,39 @@ def _as_int32(x, name):
     return x.astype(jnp.int32)
 
 
+def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_window_size):
+    """(softmax_type, window_left, window_right) of a call, checked (loads the library, registers the FFI targets).
+    Shared by dot_product_attention and decode_attention."""
+    _ffi.library()
+    softmax_type = resolve_softmax_type(softmax_type, sinks)
+    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
+           f"got {softmax_type!r}")
+    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
+           f"got {mask_alignment!r}")
+    return (softmax_type,) + resolve_window(is_causal, local_window_size)
+
+
+def _float_inputs(**named):
+    """The arrays, each float32, float16 or bfloat16 (TypeError naming the argument otherwise)."""
+    out = []
+    for name, x in named.items():
+        x = jnp.asarray(x)
+        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
+               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+        out.append(x)
+    return out
+
+
+def _sinks_operand(sinks, softmax_type):
+    """sinks as the library's float32 [N] operand, or None unless learnable (SPEC.md section 2: sinks are ignored
+    then, their gradient is 0); the cast is differentiated by JAX (d_sinks back in sinks' dtype)."""
+    if softmax_type != "learnable" or sinks is None:
+        return None
+    sinks = jnp.asarray(sinks)
+    _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}", TypeError)
+    return sinks.astype(jnp.float32)
+
+
 def _cu_seqlens_from_segments(seg):
     """cu_seqlens [B*T + 1] of the runs of equal ids in [B, T] (row-major), padded with zero-length sequences."""
     b, t = seg.shape
@@ -422,15 +456,10 @@ def dot_product_attention(
       missing sinks, unsupported head dims); data-dependent errors (e.g. non-monotonic cu_seqlens) are raised
       by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
     """
-    _ffi.library()  # loads the library, registers the FFI targets
     softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
                                                                local_window_size)
     dropout_rate = float(dropout_rate)
-
-    q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    for name, x in (("query", q), ("key", k), ("value", v)):
-        _check(x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16),
-               f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+    q, k, v = _float_inputs(query=query, key=key, value=value)
 
     varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None
     unbatched = False
@@ -484,13 +513,7 @@ def dot_product_attention(
         mq, mk = int(q.shape[1]), int(k.shape[1])
 
     # sinks: float32 [N] in the library; the cast is differentiated by JAX (d_sinks back in sinks' dtype).
-    if softmax_type != "learnable":
-        sinks = None  # SPEC.md section 2: sinks are ignored unless learnable (their gradient is 0)
-    if sinks is not None:
-        sinks = jnp.asarray(sinks)
-        _check(jnp.issubdtype(sinks.dtype, jnp.floating), f"sinks must be a float array, got {sinks.dtype}",
-               TypeError)
-        sinks = sinks.astype(jnp.float32)
+    sinks = _sinks_operand(sinks, softmax_type)
     if mask is not None:
         _check(not varlen, "mask is not supported with varlen inputs or segment_ids (SPEC.md section 1: no bias "
                "there); use cu_seqlens / segment_ids / lengths to exclude keys")
@@ -574,7 +597,6 @@ def attention_backward(query, key, value, out, lse, d_out, d_lse=None, *, sinks=
     Returns ``(dq, dk, dv, d_sinks)`` in the inputs' dtypes; ``d_sinks`` float32 ``[N]`` for ``learnable``,
     else None. Options as in :func:`dot_product_attention`. Raises SinkattnError with the library's message.
     Inside ``shard_map`` the results are typed like the operands (varying over the union of their axes)."""
-    _ffi.library()
     softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
                                                                local_window_size)
     q, k, v = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)

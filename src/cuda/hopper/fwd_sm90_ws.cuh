@@ -313,15 +313,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           wgmma_wait<0>();
           fence_acc(acc);
           release(&v_empty[prev % S]);
-          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int o = 0; o < NO; ++o) {
-              acc[o][0] *= alpha[0];
-              acc[o][1] *= alpha[0];
-              acc[o][2] *= alpha[1];
-              acc[o][3] *= alpha[1];
-            }
-          }
+          rescale_rows(acc, alpha);
           pack_p(s, ap);
         }
         const int last = it + nblocks - 1;

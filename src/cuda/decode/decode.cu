@@ -1,0 +1,128 @@
+// CUDA backend: the decode path's plan (which calls, how many splits, workspace), and its launches. See decode.hpp.
+#include "cuda/decode/decode.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/decode/decode_combine.cuh"
+#include "cuda/decode/decode_kernel.cuh"
+
+namespace sinkattn::cuda {
+
+namespace {
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+template <int HD>
+int smem_of(int config) {
+  switch (config) {
+    case 0: return DecodeTraits<HD, kDecodeMT[0], kDecodeWN[0]>::kSmem;
+    case 1: return DecodeTraits<HD, kDecodeMT[1], kDecodeWN[1]>::kSmem;
+    case 2: return DecodeTraits<HD, kDecodeMT[2], kDecodeWN[2]>::kSmem;
+    default: return DecodeTraits<HD, kDecodeMT[3], kDecodeWN[3]>::kSmem;
+  }
+}
+
+// SMs and shared memory per SM of the current device (host attributes, no synchronisation); 0 when unknown.
+void device_shape(int* sms, int* smem_per_sm) {
+  int dev = 0;
+  *sms = *smem_per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    *sms = *smem_per_sm = 0;
+  }
+}
+
+}  // namespace
+
+int decode_smem_bytes(int hd, int config) { return hd <= 64 ? smem_of<64>(config) : smem_of<128>(config); }
+
+DecodePlan plan_decode(const Call& c) {
+  DecodePlan d;
+  auto no = [&](std::string why) {
+    d.why_not = std::move(why);
+    return d;
+  };
+  if (c.pass != Pass::kForward) return no("backward");
+  if (c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16) return no("dtype is not fp16 / bf16");
+  if (c.plan.bias == Use::kRequired || c.plan.dropout) return no("bias or dropout");
+  if (c.s_q > kDecodeMaxQueries)
+    return no("more than " + std::to_string(kDecodeMaxQueries) + " query rows per sequence (s_q / max_seqlen_q = " +
+              std::to_string(c.s_q) + ")");
+  const int64_t dmax = std::max(c.d, c.d_v);
+  if (dmax > 128) return no("head dim above 128");
+  if (c.b > 65535 || c.h_kv > 65535) return no("b or h_kv above 65535 (grid dimensions)");
+  d.hd = dmax <= 64 ? 64 : 128;
+  const int64_t packed = std::max<int64_t>(c.s_q, 1) * c.group;  // (query row, head of the group) rows
+  d.config = packed <= 16 ? 0 : packed <= 32 ? 1 : packed <= 64 ? 2 : 3;
+  d.block_m = kDecodeBlockM[d.config];
+  d.m_blocks = static_cast<int>((packed + d.block_m - 1) / d.block_m);
+  d.rows_total_q = c.plan.varlen ? c.total_q : c.b * c.s_q;
+
+  // Keys one block of packed rows can see at most: s_kv (dense extent, varlen max_seqlen_kv, paged capacity), or
+  // the window's span when both window bounds are set.
+  int64_t kv_bound = c.s_kv;
+  if (c.window_left >= 0 && c.window_right >= 0)
+    kv_bound = std::min<int64_t>(kv_bound, c.window_left + c.window_right + (d.block_m + c.group - 1) / c.group + 16);
+  const int64_t tiles = (kv_bound + 63) / 64 + 1;  // + 1: the first tile starts at a 16-key boundary below k_lo
+  if (c.num_splits > 0) {
+    d.num_splits = std::min(c.num_splits, kCombineMaxSplits);
+  } else {
+    int sms = 0, smem_sm = 0;
+    device_shape(&sms, &smem_sm);
+    const int smem = decode_smem_bytes(d.hd, d.config);
+    const int64_t per_sm = std::clamp<int64_t>(smem_sm / (smem + 1024), 1, 4);
+    const int64_t ctas = std::max<int64_t>(c.b * c.h_kv * d.m_blocks, 1), slots = std::max<int64_t>(sms, 1) * per_sm;
+    // Wave efficiency of s splits: the CTAs as waves of resident slots, over the whole waves they take. The smallest
+    // s within 85% of the best (at least two key tiles per split); no split with 4 or more waves already (the
+    // quantisation is small) or when a row sees fewer than 8 tiles (a sliding window: one CTA streams them faster
+    // than a split and a combine).
+    const int64_t max_s = std::clamp<int64_t>(tiles / 2, 1, kCombineMaxSplits);
+    auto eff = [&](int64_t s) {
+      const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
+      return waves / std::ceil(waves);
+    };
+    int64_t s = 1;
+    if (tiles >= 8 && ctas < 4 * slots) {
+      double best = 0;
+      for (int64_t x = 1; x <= max_s; ++x) best = std::max(best, eff(x));
+      while (s < max_s && eff(s) < 0.85 * best) ++s;
+    }
+    d.num_splits = static_cast<int>(s);
+  }
+  if (static_cast<int64_t>(d.m_blocks) * d.num_splits > (int64_t{1} << 31) - 1) return no("grid too large");
+  if (d.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(d.num_splits) * c.h_q * d.rows_total_q;
+    d.lse_part = align256(rows * c.d_v * sizeof(float));
+    d.bytes = align256(d.lse_part + rows * sizeof(float));
+  }
+  d.use = true;
+  return d;
+}
+
+void bind_decode(const DecodePlan& plan, void* workspace, Params* p) {
+  p->num_splits = plan.num_splits;
+  p->rows_total_q = plan.rows_total_q;
+  char* ws = static_cast<char*>(workspace);
+  p->ws_o_part = plan.num_splits > 1 ? reinterpret_cast<float*>(ws) : nullptr;
+  p->ws_lse_part = plan.num_splits > 1 ? reinterpret_cast<float*>(ws + plan.lse_part) : nullptr;
+}
+
+template <typename T>
+cudaError_t launch_decode(const Params& p, const DecodePlan& plan, cudaStream_t stream) {
+  if (p.b == 0 || p.h_kv == 0 || plan.m_blocks == 0) return cudaSuccess;
+  cudaError_t e = plan.hd == 64 ? launch_decode_tile<T, 64>(p, plan.config, plan.m_blocks, stream)
+                                : launch_decode_tile<T, 128>(p, plan.config, plan.m_blocks, stream);
+  if (e != cudaSuccess || plan.num_splits <= 1) return e;
+  const int64_t pairs = static_cast<int64_t>(std::max(p.s_q, 1)) * p.h_q;
+  const dim3 grid(static_cast<unsigned>((pairs + 3) / 4), static_cast<unsigned>(p.b));
+  decode_combine_kernel<T><<<grid, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_decode<__half>(const Params&, const DecodePlan&, cudaStream_t);
+template cudaError_t launch_decode<__nv_bfloat16>(const Params&, const DecodePlan&, cudaStream_t);
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,51 @@
+// CUDA backend: the decode path (decode_kernel.cuh, decode_combine.cuh) seen from the dispatcher: which forward
+// calls it runs, with how many key splits, and the workspace of the split partials (SPEC.md section 4: the size
+// query and the run compute the same plan from shapes alone). No host synchronisation and no allocation: the
+// launches are CUDA-graph capturable.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/call.hpp"
+#include "cuda/params.cuh"
+
+namespace sinkattn::cuda {
+
+struct DecodePlan {
+  bool use = false;     // the decode kernels run this forward
+  std::string why_not;  // why not, when !use
+  int hd = 0;           // head-dim tile: 64 or 128
+  int config = 0;       // index into the compiled tile configurations (decode_kernel.cuh)
+  int block_m = 0;      // packed (query row, head of the group) rows per CTA
+  int m_blocks = 0;     // CTAs along the packed rows of one (sequence, KV head)
+  int num_splits = 1;   // key splits (1: no split, no combine, no workspace)
+  int64_t rows_total_q = 0;
+  size_t lse_part = 0, bytes = 0;  // workspace: o partials at 0, lse partials at lse_part, `bytes` in all
+};
+
+// Decode kernels: forward, fp16 / bf16, no bias or dropout, at most kDecodeMaxQueries query rows per sequence
+// (dense s_q or varlen max_seqlen_q), head dims up to 128; contiguous or paged KV. num_splits: c.num_splits when
+// given (at most kCombineMaxSplits), else a heuristic from the batch, the KV heads, the packed rows, the keys a row
+// can see and the device's SM count and shared memory: the fewest splits whose waves of resident CTAs are within
+// 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
+// keys) or the CTAs already make 4 waves.
+constexpr int kDecodeMaxQueries = 16;
+DecodePlan plan_decode(const Call& c);
+
+// Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q).
+void bind_decode(const DecodePlan& plan, void* workspace, Params* p);
+
+// The decode kernel, and the combine when the plan splits, on `stream`.
+template <typename T>
+cudaError_t launch_decode(const Params& p, const DecodePlan& plan, cudaStream_t stream);
+
+// One head-dim tile's decode kernel (decode_hd64.cu, decode_hd128.cu) and its shared-memory bytes.
+template <typename T, int HD>
+cudaError_t launch_decode_tile(const Params& p, int config, int m_blocks, cudaStream_t stream);
+int decode_smem_bytes(int hd, int config);
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,74 @@
+// CUDA backend: the combine of split-KV partials (decode_kernel.cuh), SPEC.md section 2, NOTES-kernels.md.
+// One warp per (sequence n, query row i, query head h): with the splits' partials (o_s, lse_s),
+//     lse = log sum_s exp(lse_s)   (from the largest lse_s),   out = sum_s exp(lse_s - lse) o_s.
+// The sink is in exactly one partial (the carrying split's: its lse is sigma alone when it had no key), so the merge
+// adds nothing for it. A partial with lse_s = -inf (a split with no key and no sink) weighs exactly 0 and its o_s is
+// not read: it cannot overwrite a valid LSE. Every partial -inf (vanilla, no visible key): out = 0, LSE = -inf.
+// Dense padding rows (i >= len_q): out = 0, LSE = sigma. Grid (ceil(s_q * h_q / 4), b), 4 warps per block.
+#pragma once
+
+#include "cuda/common.cuh"
+#include "cuda/params.cuh"
+
+namespace sinkattn::cuda {
+
+constexpr int kCombineMaxSplits = 128;  // 4 partial LSEs per lane
+
+template <typename T>
+__global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = blockIdx.y;
+  const int pair = blockIdx.x * 4 + warp;  // (i, h): consecutive warps take consecutive heads of one query row
+  const int i = pair / p.h_q, h = pair % p.h_q;
+  const SeqInfo sq = seq_info(p, n);
+  if (i >= sq.rows_q) return;
+  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h;
+  float* lse_out = p.softmax_lse + n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s;
+  if (i >= sq.len_q) {  // padding row of a dense batch
+    for (int col = 2 * lane; col < p.d_v; col += 64) *reinterpret_cast<uint32_t*>(out + col) = 0u;
+    if (lane == 0) *lse_out = sink_value(p, h);
+    return;
+  }
+  const int S = p.num_splits;
+  const int64_t row = ws_row(p, sq, n, i);
+  const int64_t plane = static_cast<int64_t>(p.h_q) * p.rows_total_q;  // partials of one split
+  const int64_t base = static_cast<int64_t>(h) * p.rows_total_q + row;
+  float ls[kCombineMaxSplits / 32];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kCombineMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    ls[k] = s < S ? p.ws_lse_part[s * plane + base] : -INFINITY;
+    mx = fmaxf(mx, ls[k]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.f;
+  if (mx != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kCombineMaxSplits / 32; ++k) sum += fast_exp2((ls[k] - mx) * kLog2e);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float lse = mx != -INFINITY ? mx + __logf(sum) : -INFINITY;
+  // weights w_s = exp(lse_s - lse) (shared memory, one row per warp), then out = sum_s w_s o_s
+  __shared__ float sW[4][kCombineMaxSplits];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxSplits / 32; ++k)
+    sW[warp][lane + 32 * k] = lse != -INFINITY ? fast_exp2((ls[k] - lse) * kLog2e) : 0.f;
+  __syncwarp();
+  for (int col = 2 * lane; col < p.d_v; col += 64) {
+    float a0 = 0.f, a1 = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float w = sW[warp][s];
+      if (w == 0.f) continue;  // an empty split's partial is not read
+      const float2 o = *reinterpret_cast<const float2*>(p.ws_o_part + (s * plane + base) * p.d_v + col);
+      a0 += w * o.x;
+      a1 += w * o.y;
+    }
+    *reinterpret_cast<uint32_t*>(out + col) = ElemTraits<T>::pack(a0, a1);
+  }
+  if (lane == 0) *lse_out = lse;
+}
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,251 @@
+// CUDA backend: the decode kernel (SPEC.md section 2 for s_q = 1 .. 16 query rows per sequence, dense or varlen
+// queries, contiguous or paged KV), flash-decoding style (NOTES-kernels.md, "Decode and paged KV").
+//
+// Grid (m_blocks * num_splits, h_kv, b): one CTA per (block of packed rows, split of the key range, KV head,
+// sequence). The query heads of a KV group are packed into the M dimension of the tile: packed row R = i * group + g
+// is query row i of head hk * group + g (GQA 8, s_q = 1: 8 rows of one 16-row tile, instead of 1 row per head), so
+// one CTA streams the KV head's keys once for all its query heads.
+//
+// Keys: the union of the block's visible bands [k_lo, k_hi) (mask.cuh), in tiles of kBlockN keys starting at
+// k_lo rounded down to 16; tiles (and pages) outside the band are never read, so a sliding window reads only the
+// window. The tiles are cut into num_splits splits of consecutive tiles; rows of a tile outside [k_lo, k_hi) are
+// zero-filled without being read (paged_kv.cuh: neither are their page-table entries). K and V tiles stream
+// through a kStages-deep cp.async ring.
+//
+// Warps: 4 per CTA, kWM along M (16 * kMT rows each) x WN along the keys of a tile (kBlockN / WN keys each): every
+// warp runs its own online softmax (softmax.cuh) over its keys; at the end the WN partial states of a row are
+// merged in shared memory (m = max m_w, l = sum l_w 2^(m_w - m), acc likewise).
+//
+// The sink (SPEC 2, NOTES-kernels.md): the split num_splits - 1 carries it, as an already-seen key of warp column 0
+// (OnlineSoftmax::init(sigma)); every other split and warp starts vanilla. Without splits the CTA writes out and
+// softmax_lse itself (dense padding rows i >= len_q: out = 0, LSE = sigma). With splits every split, also an empty
+// one, writes its partial (o = acc / l, lse; an empty split: o = 0, lse = -inf, or sigma for the carrying one) for
+// the rows i < len_q, and decode_combine.cuh merges them.
+#pragma once
+
+#include "cuda/common.cuh"
+#include "cuda/mainloop.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/paged_kv.cuh"
+#include "cuda/params.cuh"
+#include "cuda/softmax.cuh"
+
+namespace sinkattn::cuda {
+
+// Tile shapes. HD: head-dim tile (64 or 128); MT: m-tiles of 16 rows per warp; WN: warps along the keys.
+template <int HD, int MT, int WN>
+struct DecodeTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWM = kWarps / WN;
+  static constexpr int kBlockM = 16 * MT * kWM;  // packed rows per CTA
+  // keys per tile: 64; 32 for head dim 128 with one warp along the keys (32 query rows x 64 keys of scores beside
+  // a 32 x 128 accumulator per warp would spill)
+  static constexpr int kBlockN = HD > 64 && WN == 1 ? 32 : 64;
+  static constexpr int kKeysPerWarp = kBlockN / WN;
+  static constexpr int kStages = HD <= 64 ? 4 : 3;
+  static constexpr int kStride = HD + 8;     // bf16 / fp16 rows in shared memory
+  static constexpr int kAccStride = HD + 4;  // fp32 rows of the merge
+  static constexpr int kSmemTiles = (kBlockM + 2 * kStages * kBlockN) * kStride * 2;
+  static constexpr int kSmemMerge = (WN * kBlockM * kAccStride + 2 * WN * kBlockM + WN * kBlockM + kBlockM) * 4;
+  static constexpr int kSmem = kSmemTiles > kSmemMerge ? kSmemTiles : kSmemMerge;
+  // __launch_bounds__ minimum blocks per SM: what 227 KiB of shared memory holds (1 KiB reserved per block)
+  static constexpr int kMinBlocks = (227 * 1024) / (kSmem + 1024) < 1 ? 1 : (227 * 1024) / (kSmem + 1024);
+  static_assert(kWarps % WN == 0 && kKeysPerWarp % 16 == 0, "tile shape");
+};
+
+// The configurations compiled: index -> (MT, WN), kBlockM = 16, 32, 64, 128 packed rows.
+constexpr int kDecodeConfigs = 4;
+constexpr int kDecodeMT[kDecodeConfigs] = {1, 2, 2, 2};
+constexpr int kDecodeWN[kDecodeConfigs] = {4, 4, 2, 1};
+constexpr int kDecodeBlockM[kDecodeConfigs] = {16, 32, 64, 128};
+
+template <typename T, int HD, int MT, int WN>
+__global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTraits<HD, MT, WN>::kMinBlocks)
+    decode_kernel(const Params p) {
+  using Tr = DecodeTraits<HD, MT, WN>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, KW = Tr::kKeysPerWarp, NT = KW / 8;
+  constexpr int NO = HD / 8, ST = Tr::kStages, NTH = Tr::kThreads, AL = Tr::kAccStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * LD;       // [ST][BN][LD]
+  T* sV = sK + ST * BN * LD;  // [ST][BN][LD]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp / WN, warp_n = warp % WN;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  const int split = static_cast<int>(blockIdx.x) % p.num_splits, mb = static_cast<int>(blockIdx.x) / p.num_splits;
+  const int hk = blockIdx.y, n = blockIdx.z;
+  const int group = p.group;
+  const SeqInfo sq = seq_info(p, n);
+  const int R0 = mb * BM;                        // first packed row of the block
+  const int rows_packed = sq.rows_q * group;     // rows this sequence owns (dense: padding rows too)
+  const int valid_packed = sq.len_q * group;     // rows of real queries
+  if (R0 >= rows_packed) return;
+  const bool split_kv = p.num_splits > 1;
+  if (split_kv && R0 >= valid_packed) return;  // padding only: the combine writes it
+
+  // ---- the block's key range and this split's tiles ----
+  const Mask mk(p, sq);
+  int k_lo = 0, k_hi = 0;
+  if (R0 < valid_packed) mk.key_range(R0 / group, (min(R0 + BM, valid_packed) - 1) / group + 1, k_lo, k_hi);
+  const int t_base = k_lo & ~15;
+  const int tiles = k_hi > k_lo ? (k_hi - t_base + BN - 1) / BN : 0;
+  const int per = (tiles + p.num_splits - 1) / p.num_splits;
+  const int tile_lo = min(tiles, split * per), tile_hi = min(tiles, tile_lo + per);
+  const bool carries_sink = split == p.num_splits - 1;
+
+  // ---- this thread's rows: visible key range and sink per fragment row (mt, g4 + 8 rr) ----
+  int lo[MT][2], hi[MT][2];
+  float sig[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int R = R0 + warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
+      lo[mt][rr] = hi[mt][rr] = 0;
+      sig[mt][rr] = -INFINITY;
+      if (R < rows_packed) {
+        const int i = R / group;
+        if (R < valid_packed) mk.key_range(i, i + 1, lo[mt][rr], hi[mt][rr]);
+        if (carries_sink && warp_n == 0) sig[mt][rr] = sink_value(p, hk * group + R % group);
+      }
+    }
+
+  // ---- Q: packed rows (zero beyond the real queries and beyond d) ----
+  {
+    constexpr int kChunks = HD / 8;
+    const T* q = static_cast<const T*>(p.q);
+    for (int idx = tid; idx < BM * kChunks; idx += NTH) {
+      const int r = idx / kChunks, cc = idx % kChunks;
+      const int R = R0 + r;
+      const bool ok = R < valid_packed && cc * 8 < p.d && tile_lo < tile_hi;
+      const T* src = q;
+      if (ok) {
+        const int i = R / group, h = hk * group + R % group;
+        src = q + n * p.q_st.b + (sq.q_start + i) * p.q_st.s + h * p.q_st.h + cc * 8;
+      }
+      cp_async16(sQ + r * LD + cc * 8, src, ok);
+    }
+  }
+  const KvRows kr(p, sq, n, hk);
+  const T* kp = static_cast<const T*>(p.k);
+  const T* vp = static_cast<const T*>(p.v);
+  auto load_tile = [&](int t) {
+    const int j0 = t_base + t * BN, stage = (t - tile_lo) % ST;
+    load_kv_tiles_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
+                                     p.d, p.d_v, tid);
+  };
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (tile_lo + s < tile_hi) load_tile(tile_lo + s);
+    cp_async_commit();  // one group per stage, empty or not, so that the wait below counts stages
+  }
+
+  OnlineSoftmax<NT> sm[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) sm[mt].init(sig[mt][0], sig[mt][1], lane);
+  float acc[MT][NO][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
+
+  for (int t = tile_lo; t < tile_hi; ++t) {
+    cp_async_wait<ST - 2>();  // tile t has landed
+    __syncthreads();          // ... for every thread, and every warp is done with the stage refilled next
+    if (t + ST - 1 < tile_hi) load_tile(t + ST - 1);
+    cp_async_commit();
+    const int stage = (t - tile_lo) % ST;
+    const int j0 = t_base + t * BN + warp_n * KW;  // this warp's first key
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) zero_acc(s[mt]);
+    gemm_abt_m<T, MT, NT, HD, LD>(s, sQ + warp_m * 16 * MT * LD, sK + stage * BN * LD + warp_n * KW * LD, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // S_ij = softmax_scale * q_i . k_j in base 2, -inf outside the row's visible keys (SPEC 2, masks)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + nt * 8 + 2 * t4 + (e & 1), rr = e >> 1;
+          s[mt][nt][e] = (j >= lo[mt][rr] && j < hi[mt][rr]) ? s[mt][nt][e] * p.scale_log2 : -INFINITY;
+        }
+      float alpha[2];
+      sm[mt].step(s[mt], alpha);
+      rescale_rows(acc[mt], alpha);
+    }
+    gemm_pb_m<T, MT, NT, NO, LD>(acc, s, sV + stage * BN * LD + warp_n * KW * LD, lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the tiles are dead: the merge reuses shared memory
+
+  // ---- merge the WN warp columns of every row (shared memory), then write ----
+  float* sAcc = reinterpret_cast<float*>(smem_raw);  // [WN][BM][AL]: each column's acc (its own m)
+  float* sM = sAcc + WN * BM * AL;                    // [WN][BM]: m (base 2)
+  float* sL = sM + WN * BM;                           // [WN][BM]: l
+  float* sF = sL + WN * BM;                           // [WN][BM]: factor 2^(m_w - m) / l of column w
+  float* sLse = sF + WN * BM;                         // [BM]: natural-log LSE
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
+      const float lt = quad_sum(sm[mt].l[rr]);
+      if (t4 == 0) {
+        sM[warp_n * BM + r] = sm[mt].m[rr];
+        sL[warp_n * BM + r] = lt;
+      }
+#pragma unroll
+      for (int o = 0; o < NO; ++o) {
+        float* dst = sAcc + (warp_n * BM + r) * AL + o * 8 + 2 * t4;
+        dst[0] = acc[mt][o][2 * rr];
+        dst[1] = acc[mt][o][2 * rr + 1];
+      }
+    }
+  __syncthreads();
+  for (int r = tid; r < BM; r += NTH) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) m = fmaxf(m, sM[w * BM + r]);
+    float l = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < WN; ++w) l += sL[w * BM + r] * fast_exp2(sM[w * BM + r] - m);
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) sF[w * BM + r] = l > 0.f ? fast_exp2(sM[w * BM + r] - m) * inv : 0.f;
+    const int R = R0 + r;
+    sLse[r] = natural_lse(m, l, sink_value(p, hk * group + R % group));
+  }
+  __syncthreads();
+  const int rows_here = min(BM, (split_kv ? valid_packed : rows_packed) - R0);
+  const int pairs = p.d_v / 2;
+  for (int idx = tid; idx < rows_here * pairs; idx += NTH) {
+    const int r = idx / pairs, col = 2 * (idx % pairs);
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) {
+      const float f = sF[w * BM + r];
+      v0 += sAcc[(w * BM + r) * AL + col] * f;
+      v1 += sAcc[(w * BM + r) * AL + col + 1] * f;
+    }
+    const int R = R0 + r, i = R / group, h = hk * group + R % group;
+    if (split_kv) {
+      const int64_t at = (static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i);
+      *reinterpret_cast<float2*>(p.ws_o_part + at * p.d_v + col) = make_float2(v0, v1);
+    } else {
+      T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h + col;
+      *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(v0, v1);
+    }
+  }
+  for (int r = tid; r < rows_here; r += NTH) {
+    const int R = R0 + r, i = R / group, h = hk * group + R % group;
+    if (split_kv)
+      p.ws_lse_part[(static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i)] = sLse[r];
+    else
+      p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s] = sLse[r];
+  }
+}
+
+}  // namespace sinkattn::cuda

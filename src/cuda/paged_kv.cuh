@@ -1,0 +1,64 @@
+// CUDA backend: K / V rows of one (sequence, KV head), contiguous or through the page table (SPEC.md section 1,
+// paged KV), and a tile loader that reads them with cp.async. The row addressing is core/kv_rows.hpp's
+// kv_row_index, the same one the CPU backend uses (32-bit indices here).
+// Rows at or past `rows_valid` are zero-filled and never read, and so are their page-table entries: a sequence's
+// entries past ceil(seqused_kv[n] / page_size) are never touched (SPEC.md section 1).
+#pragma once
+
+#include "core/kv_rows.hpp"
+#include "cuda/common.cuh"
+#include "cuda/params.cuh"
+
+namespace sinkattn::cuda {
+
+// Key j of sequence n, KV head hk, of k and v: element offsets from the k / v base pointers.
+struct KvRows {
+  const int* table;  // page table (paged calls) or nullptr
+  int pt_n, pt_p, page_size, n, kv_start;
+  bool varlen;
+  int64_t k_b, k_s, v_b, v_s;  // k / v first-dimension and row strides
+  int64_t k_head, v_head;      // hk * head stride
+
+  __device__ __forceinline__ KvRows(const Params& p, const SeqInfo& s, int n_, int hk)
+      : table(p.page_table), pt_n(static_cast<int>(p.pt_st_n)), pt_p(static_cast<int>(p.pt_st_p)),
+        page_size(p.page_size), n(n_), kv_start(static_cast<int>(s.kv_start)), varlen(p.varlen != 0),
+        k_b(p.k_st.b), k_s(p.k_st.s), v_b(p.v_st.b), v_s(p.v_st.s), k_head(hk * p.k_st.h), v_head(hk * p.v_st.h) {}
+
+  __device__ __forceinline__ KvRowIndex index(int j) const {
+    return kv_row_index<int>(table, pt_n, pt_p, page_size, n, kv_start, j, varlen);
+  }
+  __device__ __forceinline__ int64_t k_off(const KvRowIndex& r) const { return r.b * k_b + r.s * k_s + k_head; }
+  __device__ __forceinline__ int64_t v_off(const KvRowIndex& r) const { return r.b * v_b + r.s * v_s + v_head; }
+};
+
+// K and V tiles of ROWS keys j0 .. j0 + ROWS - 1 into shared memory (row stride HD + 8, as load_tile_async):
+// rows outside [row_lo, row_hi) and columns >= d (K) / d_v (V) are zero-filled without being read. A row's page is looked up
+// once for its K and V chunk. When NTHREADS is a multiple of the 16-byte chunks per row, each thread owns one fixed
+// column chunk and rows r0, r0 + step, ... (compile-time trip count); otherwise a plain strided loop.
+template <int ROWS, int HD, int NTHREADS, typename T>
+__device__ __forceinline__ void load_kv_tiles_async(T* sK, T* sV, const T* k, const T* v, const KvRows& kr, int j0,
+                                                    int row_lo, int row_hi, int d, int d_v, int tid) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kStride = HD + 8;
+  auto chunk = [&](int r, int cc) {
+    const bool row_ok = r >= row_lo && r < row_hi;
+    const bool k_ok = row_ok && cc * 8 < d, v_ok = row_ok && cc * 8 < d_v;
+    const KvRowIndex ri = row_ok ? kr.index(j0 + r) : KvRowIndex{0, 0};
+    cp_async16(sK + r * kStride + cc * 8, k_ok ? k + kr.k_off(ri) + cc * 8 : k, k_ok);
+    cp_async16(sV + r * kStride + cc * 8, v_ok ? v + kr.v_off(ri) + cc * 8 : v, v_ok);
+  };
+  if constexpr (NTHREADS % kChunks == 0) {
+    constexpr int kRowStep = NTHREADS / kChunks;
+    const int cc = tid % kChunks, r0 = tid / kChunks;
+#pragma unroll
+    for (int it = 0; it < (ROWS + kRowStep - 1) / kRowStep; ++it) {
+      const int r = r0 + it * kRowStep;
+      if (ROWS % kRowStep == 0 || r < ROWS) chunk(r, cc);
+    }
+  } else {
+#pragma unroll
+    for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) chunk(idx / kChunks, idx % kChunks);
+  }
+}
+
+}  // namespace sinkattn::cuda
