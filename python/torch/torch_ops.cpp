@@ -244,7 +244,9 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
   if (q.dim() != (varlen ? 3 : 4))
     fail(std::string("q: rank must be ") + (varlen ? "3 for [total_q, h_q, d] (varlen)" : "4 for [b, s_q, h_q, d] (dense)") +
          ", got " + std::to_string(q.dim()));
-  if (v.dim() != q.dim()) fail("v: rank must be " + std::to_string(q.dim()) + " like q, got " + std::to_string(v.dim()));
+  // v is a page pool [num_pages, page_size, h_kv, d_v] with a page table (SPEC.md section 1), else shaped like q
+  if (!page_table.has_value() && v.dim() != q.dim())
+    fail("v: rank must be " + std::to_string(q.dim()) + " like q, got " + std::to_string(v.dim()));
   Call call(q, k, v, sinks, bias, cu_seqlens_q, cu_seqlens_kv, seqused_kv, seqlens_q, seqlens_kv, max_seqlen_q,
             max_seqlen_kv, softmax_type, softmax_scale, window_left, window_right, mask_alignment, dropout_p,
             deterministic,  // a backward option: carried by the forward for its autograd formula

@@ -4,6 +4,7 @@
     out = st.flash_attn_func(q, k, v, causal=True, window_size=(127, 0), learnable_sink=sinks)   # FlashAttention API
     out = st.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal=True, s_aux=sinks)
     out, lse = st.dot_product_attention(q, k, v, bias, sinks=sinks, return_lse=True)           # all of SPEC.md
+    out = st.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lens, page_table=table, learnable_sink=sinks)
     import sinkattn.torch.hf; sinkattn.torch.hf.register()       # attn_implementation="sinkattn" in transformers
 
 The work is done by ``torch.ops.sinkattn.fwd`` / ``torch.ops.sinkattn.bwd``: C++ operators on PyTorch's stable ABI,
@@ -13,8 +14,8 @@ exports ``flash_attn_func`` and ``flash_attn_varlen_func`` with ``s_aux`` accept
 """
 
 from . import _ops
-from .attention import dot_product_attention, flash_attn_func, flash_attn_varlen_func
+from .attention import dot_product_attention, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 _ops.load()
 
-__all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]

@@ -14,7 +14,7 @@ import torch
 
 from . import _ops
 
-__all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -305,8 +305,108 @@ def flash_attn_varlen_func(
         deterministic=deterministic, return_lse=bool(return_lse or return_attn_probs),
         trust_device_batch_tensors=trust_device_batch_tensors)
 
-# flash_attn_with_kvcache (paged KV decode, SPEC.md section 1) is not here yet: the library refuses page_table until
-# the paged KV backend lands. The operator already carries it (torch.ops.sinkattn.fwd(..., page_table=...), passed
-# through to sinkattn_params_t.page_table), so the paged API is Python only: page pools k / v
-# [num_pages, page_size, h_kv, d], block_table int32 [b, max_pages] and seqused_k (cache_seqlens) int32 [b] into
-# torch.ops.sinkattn.fwd with dense or varlen q.
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[Optional[int]] = (-1, -1),
+    learnable_sink: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    block_table: Optional[torch.Tensor] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    trust_device_batch_tensors: bool = False,
+):
+    """FlashAttention's ``flash_attn_with_kvcache`` with a learnable sink: attention of new queries over a KV cache
+    (decode, speculative decoding, chunked prefill; SPEC.md section 1), forward only.
+
+    - ``q``: ``[b, s_q, h_q, d]`` (decode: ``s_q = 1``), or varlen ``[total_q, h_q, d]`` with ``cu_seqlens_q`` int32
+      ``[b + 1]`` and ``max_seqlen_q``.
+    - Contiguous cache: ``k_cache [b, s_cache, h_kv, d]``, ``v_cache [b, s_cache, h_kv, d_v]``. Paged cache
+      (``page_table``, FlashAttention 3's name; ``block_table``, FlashAttention 2's, is accepted too): page pools
+      ``[num_pages, page_size, h_kv, d | d_v]`` and ``page_table`` int32 ``[b, max_pages]``: key j of sequence n is
+      row ``j % page_size`` of page ``page_table[n, j // page_size]``; entries past the last page a sequence uses are
+      never read, pages may be shared.
+    - ``cache_seqlens``: int32 ``[b]`` (or one int) keys of each sequence in the cache; required with a page table,
+      default the whole cache otherwise. Masks (``causal``, ``window_size``) are aligned to the bottom right: the
+      queries are the last ``s_q`` positions of each sequence.
+    - ``learnable_sink`` / ``s_aux``: ``[h_q]`` sink logits (any float dtype); counted exactly once however the keys
+      are split. ``num_splits``: key splits of the decode kernel (0: the library's heuristic, 1: none).
+    - Returns ``out`` (q's shape with ``d_v``), or ``(out, softmax_lse)`` with ``return_softmax_lse`` (float32
+      ``[b, h_q, s_q]`` or ``[h_q, total_q]``, natural log, including the sink).
+    - Not supported, refused with a ValueError (never ignored): appending ``k`` / ``v`` to the cache (write them
+      into the cache and raise ``cache_seqlens`` first), rotary embedding, ``cache_batch_idx``, ``cache_leftpad``,
+      ``softcap``, ``alibi_slopes``. No host synchronisation and no allocation beyond the outputs and the library's
+      workspace (with ``trust_device_batch_tensors=True`` not even the check of the batch tensors): CUDA-graph
+      capturable.
+    """
+    _unsupported_fa_options(softcap, alibi_slopes)
+    _check(k is None and v is None, "appending k / v to the cache is not supported: write the new keys and values into "
+           "k_cache / v_cache (their pages) and pass the increased cache_seqlens")
+    _check(rotary_cos is None and rotary_sin is None, "rotary embedding is not supported: rotate q and the cached keys "
+           "before the call")
+    _check(cache_batch_idx is None, "cache_batch_idx is not supported (index the caches, or use a page_table)")
+    _check(cache_leftpad is None, "cache_leftpad is not supported (left-padded caches: use a page_table)")
+    _check(page_table is None or block_table is None, "give page_table or its alias block_table, not both")
+    page_table = page_table if page_table is not None else block_table
+    sinks = _sink_argument(learnable_sink, s_aux)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
+               lambda: f"{name} must be a float32, float16 or bfloat16 tensor", TypeError)
+    varlen = cu_seqlens_q is not None
+    b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if page_table is None and cache_seqlens is None:  # the whole contiguous cache
+        cache_seqlens = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=q.device)
+    _check(cache_seqlens is not None, "cache_seqlens is required with a page table")
+    q, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k_cache, v_cache))
+    window_left, window_right = _window(causal, window_size)
+    cache_seqlens = _int32(cache_seqlens, "cache_seqlens")
+    if page_table is not None:
+        page_table = _int32(page_table, "page_table")
+        cu_kv = None
+        max_kv = int(page_table.shape[1]) * int(k_cache.shape[1])
+        kc, vc = k_cache, v_cache
+    else:  # a contiguous cache is the same call with each sequence's rows as its keys: varlen keys over [b * s]
+        s_cache = int(k_cache.shape[1])
+        cu_kv = torch.arange(0, (b + 1) * s_cache, s_cache, dtype=torch.int32, device=q.device)
+        max_kv = s_cache
+        kc = k_cache.reshape((b * s_cache,) + tuple(k_cache.shape[2:]))
+        vc = v_cache.reshape((b * s_cache,) + tuple(v_cache.shape[2:]))
+    if not varlen and page_table is None:  # keys as varlen need varlen queries: dense q rows per sequence
+        s_q = int(q.shape[1])
+        q_rows = q.reshape((b * s_q,) + tuple(q.shape[2:]))
+        cu_q = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32, device=q.device)
+        max_q = s_q
+    else:
+        q_rows, cu_q = q, (_int32(cu_seqlens_q, "cu_seqlens_q") if varlen else None)
+        max_q = int(max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else int(q.shape[1])
+    if sinks is not None and sinks.dtype != torch.float32:
+        sinks = sinks.to(torch.float32)
+    softmax_type = _ops.SOFTMAX_TYPES["learnable" if sinks is not None else "vanilla"]
+    with torch.no_grad():
+        out, lse, _ = torch.ops.sinkattn.fwd(
+            q_rows, kc, vc, sinks, None, cu_q, cu_kv, cache_seqlens, None, None, page_table, max_q, max_kv,
+            softmax_type, None if softmax_scale is None else float(softmax_scale), window_left, window_right,
+            _ops.ALIGNMENTS["bottom_right"], 0.0, None, False, bool(trust_device_batch_tensors), int(num_splits))
+    if not varlen and page_table is None:  # back to [b, s_q, ...]
+        out = out.reshape((b, q.shape[1]) + tuple(out.shape[1:]))
+        lse = lse.reshape(lse.shape[0], b, q.shape[1]).transpose(0, 1)
+    return (out, lse) if return_softmax_lse else out
