@@ -3,16 +3,20 @@
 # sweep against the CPU backend and the float64 reference), compute-sanitizer memcheck and racecheck on small
 # cases, determinism (inside the suite: bitwise repeats of deterministic calls), and the benchmarks
 # (sinkattn_gpu_bench, `sinkattn bench --backend cuda` when the command is built, bench/bench_torch.py), and,
-# with "python" in STEPS, tools/gpu-python-check.sh (the Python package built with CUDA: pytest + example).
+# with "python" in STEPS, tools/gpu-python-check.sh (the Python package built with CUDA: pytest + example), and with
+# "determinism" in STEPS, sinkattn_gpu_determinism (bitwise repeats of the deterministic backward on large shapes,
+# its agreement with the default backward, its time against it) plus an A/B of the deterministic backward against
+# the sm_80 kernels (sinkattn_gpu_bench with SINKATTN_CUDA_DET_SM80=1: its "bwd det ms" / "det x" columns).
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log
-# (python: py_install.log pytest.log example.log example_bench.log) summary.txt
+# (python: py_install.log pytest.log example.log example_bench.log; determinism: determinism.log bench_det_sm80.log)
+# summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer bench torch"; optional: python), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
+# STEPS (default "suite sanitizer bench torch"; optional: python, determinism), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -32,6 +36,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
 BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
+DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
 if [ -x "$SUITE" ] && ! ldd "$SUITE" | grep -q "not found"; then
   note "build: using prebuilt binaries in $BUILD_DIR"
 else
@@ -39,11 +44,12 @@ else
   export LD_LIBRARY_PATH="$PWD/$BUILD_DIR:$LD_LIBRARY_PATH"
   SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
   BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
+  DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
   t0=$(date +%s)
   {
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
-      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench &&
+      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_determinism &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -91,6 +97,20 @@ if [[ " $STEPS " == *" bench "* ]]; then
   } >"$OUT/bench.log" 2>&1
   note "bench: $(grep -c . "$OUT/bench.log") lines (bench.log)"
   tee -a "$SUMMARY" <"$OUT/bench.log" | tail -8
+fi
+
+if [[ " $STEPS " == *" determinism "* ]]; then
+  t0=$(date +%s)
+  timeout "${DET_TIMEOUT:-300}" "$DETERMINISM" --time >"$OUT/determinism.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "determinism: rc=$rc in $(($(date +%s) - t0)) s; $(grep SUMMARY "$OUT/determinism.log")"
+  grep -E 'FAIL|time:|backward, deterministic = 1' "$OUT/determinism.log" | head -40 | tee -a "$SUMMARY"
+  # The deterministic backward on the sm_80 kernels (dq kernel + dK dV kernel), for the A/B with the Hopper one
+  # (bench.log's "bwd det ms" when STEPS has bench).
+  SINKATTN_CUDA_DET_SM80=1 timeout 120 "$BENCH" 20 >"$OUT/bench_det_sm80.log" 2>&1
+  note "bench with SINKATTN_CUDA_DET_SM80=1: rc=$? (bench_det_sm80.log)"
+  tail -4 "$OUT/bench_det_sm80.log" | tee -a "$SUMMARY"
 fi
 
 if [[ " $STEPS " == *" torch "* ]]; then
