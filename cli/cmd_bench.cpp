@@ -14,6 +14,7 @@
 #include "device.hpp"
 #include "execute.hpp"
 #include "presets.hpp"
+#include "report.hpp"
 
 namespace sinkattn::cli {
 
@@ -116,7 +117,16 @@ int cmd_bench(const BenchOptions& o) {
     sinkattn_params_t& p = mirror ? mirror->params() : call.params;
 
     sinkattn_backend_t chosen = SINKATTN_BACKEND_AUTO;
-    check_status(sinkattn_query_backend(&p, 0, &chosen, nullptr, 0), "sinkattn_query_backend (forward)");
+    char report[4096] = {0};
+    check_status(sinkattn_query_backend(&p, 0, &chosen, report, sizeof report), "sinkattn_query_backend (forward)");
+    const std::string fwd_kernels = kernels_of(report, chosen);
+    if (!fwd_kernels.empty()) std::printf("[%s] forward kernels: %s\n", layer.name.c_str(), fwd_kernels.c_str());
+    if (spec.backward) {
+      sinkattn_backend_t bchosen = SINKATTN_BACKEND_AUTO;
+      check_status(sinkattn_query_backend(&p, 1, &bchosen, report, sizeof report), "sinkattn_query_backend (backward)");
+      const std::string k = kernels_of(report, bchosen);
+      if (!k.empty()) std::printf("[%s] backward kernels: %s\n", layer.name.c_str(), k.c_str());
+    }
 
     Line line{layer.name, visible_pairs(spec.seqlen, spec.seqlen, layer.window_left, layer.window_right,
                                         SINKATTN_ALIGN_BOTTOM_RIGHT),

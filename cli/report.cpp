@@ -47,14 +47,33 @@ std::string describe_call(const Capture& c) {
   return s;
 }
 
+// The "; kernels: ..." part of the chosen backend's line of a sinkattn_query_backend report ("" when absent).
+std::string kernels_of(const std::string& report, sinkattn_backend_t chosen) {
+  const std::string head = std::string(backend_name(chosen)) + ": chosen";
+  size_t pos = 0;
+  while (pos < report.size()) {
+    size_t nl = report.find('\n', pos);
+    if (nl == std::string::npos) nl = report.size();
+    const std::string line = report.substr(pos, nl - pos);
+    if (line.rfind(head, 0) == 0) {
+      const size_t k = line.find("; kernels: ");
+      return k == std::string::npos ? std::string() : line.substr(k + 11);
+    }
+    pos = nl + 1;
+  }
+  return {};
+}
+
 void print_backend_report(const ExecuteReport& r, bool backward) {
   if (!r.note.empty()) std::printf("note: %s\n", r.note.c_str());
-  std::printf("forward ran on: %s (%s memory)\n", backend_name(r.forward_backend), r.on_device ? "device" : "host");
-  print_indented(r.forward_report);
-  if (backward) {
-    std::printf("backward ran on: %s (%s memory)\n", backend_name(r.backward_backend), r.on_device ? "device" : "host");
-    print_indented(r.backward_report);
-  }
+  const auto ran_on = [&](const char* pass, sinkattn_backend_t b, const std::string& report) {
+    const std::string k = kernels_of(report, b);
+    std::printf("%s ran on: %s (%s memory)%s%s\n", pass, backend_name(b), r.on_device ? "device" : "host",
+                k.empty() ? "" : ": ", k.c_str());
+    print_indented(report);
+  };
+  ran_on("forward", r.forward_backend, r.forward_report);
+  if (backward) ran_on("backward", r.backward_backend, r.backward_report);
 }
 
 void warn_unknown_tensors(const Capture& c) {

@@ -10,7 +10,10 @@ namespace sinkattn::cli {
 
 // One line describing a call: dtype, shapes, softmax type, mask, dropout.
 std::string describe_call(const Capture& c);
-// Which backend ran (sinkattn_query_backend reports), to stdout.
+// The kernels the chosen backend named in a sinkattn_query_backend report (the "; kernels: ..." part of its line),
+// "" when it named none.
+std::string kernels_of(const std::string& report, sinkattn_backend_t chosen);
+// Which backend ran (sinkattn_query_backend reports) and its kernels, to stdout.
 void print_backend_report(const ExecuteReport& r, bool backward);
 // Warns (stderr) about tensors of a capture that are not call inputs.
 void warn_unknown_tensors(const Capture& c);

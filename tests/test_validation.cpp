@@ -268,6 +268,43 @@ TEST(Validation2, ShapeOnlyWorkspaceQuery) {
   EXPECT_EQ(with_data, without);
 }
 
+// The chosen backend's report line names its kernels (Backend::kernel_report; the CUDA backend's comes from
+// src/cuda/dispatch.cpp, tests/test_cuda_dispatch.cpp).
+TEST(Validation2, QueryBackendNamesKernels) {
+  Problem pb(base());
+  for (int backward : {0, 1}) {
+    char report[4096] = {0};
+    sinkattn_backend_t chosen = SINKATTN_BACKEND_AUTO;
+    ASSERT_EQ(sinkattn_query_backend(&pb.p, backward, &chosen, report, sizeof report), SINKATTN_OK)
+        << sinkattn_last_error();
+    EXPECT_EQ(chosen, SINKATTN_BACKEND_CPU);
+    const std::string r(report);
+    EXPECT_NE(r.find("cpu: chosen ("), std::string::npos) << r;
+    EXPECT_NE(r.find("); kernels: tiled"), std::string::npos) << r;
+    EXPECT_NE(r.find("tile 64 x 64"), std::string::npos) << r;
+  }
+}
+
+// Windows of s_q + s_kv or more restrict nothing (the one window clamp, src/common/mask.hpp): any such window, up
+// to 2^62 (the float64 reference adds the window to row indices in int64), gives the bitwise result of an
+// unbounded one.
+TEST(Validation2, HugeWindowIsUnbounded) {
+  Config c = base();
+  c.window_left = c.window_right = -1;
+  Problem a(c);
+  check_against_reference(a, true);
+  for (int64_t w : {c.s_q + c.s_kv, c.s_q + c.s_kv + 1, int64_t(1) << 40, int64_t(1) << 62}) {
+    c.window_left = w;
+    c.window_right = w - 1;
+    Problem b(c);
+    check_against_reference(b, true);
+    EXPECT_TRUE(a.out.bytes() == b.out.bytes()) << w;
+    EXPECT_TRUE(a.lse.bytes() == b.lse.bytes()) << w;
+    EXPECT_TRUE(a.dq.bytes() == b.dq.bytes()) << w;
+    EXPECT_TRUE(a.dk.bytes() == b.dk.bytes()) << w;
+  }
+}
+
 // Any negative window bound means unbounded (SPEC.md section 2): -5 is the same as -1.
 TEST(Validation2, NegativeWindowIsUnbounded) {
   Config c = base();

@@ -10,6 +10,9 @@
 # NCCL_NVLS_ENABLE=0).
 # With "torchop" in STEPS, tools/gpu-torch-check.sh (the PyTorch operators: torch tests on the GPU, op vs
 # FlexAttention / SDPA / the C ABI, host overhead, the HF GPT-OSS example; TORCH_STEPS selects its parts).
+# With "determinism" in STEPS, sinkattn_gpu_determinism (bitwise repeats of the deterministic backward on large
+# shapes, its agreement with the default backward, its time against it) plus an A/B of the deterministic backward
+# against the sm_80 kernels (sinkattn_gpu_bench with SINKATTN_CUDA_DET_SM80=1: its "bwd det ms" / "det x" columns).
 # The suite covers fp16, bf16 and fp32 (the CUDA backend's SIMT fp32 path): fp32 edge cases run in fp32 and
 # about 15% of the sweep is fp32; its SUMMARY line counts configurations per dtype.
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
@@ -19,12 +22,13 @@
 # bench/RESULTS.md; DECODE_ITERS replays, default 50).
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log
 # (python: py_install.log pytest.log example.log example_bench.log; decode: decode.log decode_sanitizer.log;
-# decode_bench: decode_bench.log) summary.txt
+# decode_bench: decode_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench), JOBS (default
-# nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300), DECODE_BENCH_TIMEOUT (540).
+# STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench, determinism),
+# JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
+# DECODE_BENCH_TIMEOUT (540).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -46,6 +50,7 @@ SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
 BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
 DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
 DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
+DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
 if [ -x "$SUITE" ] && [ -x "$DECODE" ] && [ -x "$DECODE_BENCH" ] && ! ldd "$SUITE" | grep -q "not found"; then
   note "build: using prebuilt binaries in $BUILD_DIR"
 else
@@ -55,11 +60,13 @@ else
   BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
   DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
   DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
+  DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
   t0=$(date +%s)
   {
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
-      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode &&
+      ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode \
+        sinkattn_gpu_determinism &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -136,6 +143,20 @@ if [[ " $STEPS " == *" bench "* ]]; then
   } >"$OUT/bench.log" 2>&1
   note "bench: $(grep -c . "$OUT/bench.log") lines (bench.log)"
   tee -a "$SUMMARY" <"$OUT/bench.log" | tail -8
+fi
+
+if [[ " $STEPS " == *" determinism "* ]]; then
+  t0=$(date +%s)
+  timeout "${DET_TIMEOUT:-300}" "$DETERMINISM" --time >"$OUT/determinism.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "determinism: rc=$rc in $(($(date +%s) - t0)) s; $(grep SUMMARY "$OUT/determinism.log")"
+  grep -E 'FAIL|time:|backward, deterministic = 1' "$OUT/determinism.log" | head -40 | tee -a "$SUMMARY"
+  # The deterministic backward on the sm_80 kernels (dq kernel + dK dV kernel), for the A/B with the Hopper one
+  # (bench.log's "bwd det ms" when STEPS has bench).
+  SINKATTN_CUDA_DET_SM80=1 timeout 120 "$BENCH" 20 >"$OUT/bench_det_sm80.log" 2>&1
+  note "bench with SINKATTN_CUDA_DET_SM80=1: rc=$? (bench_det_sm80.log)"
+  tail -4 "$OUT/bench_det_sm80.log" | tee -a "$SUMMARY"
 fi
 
 if [[ " $STEPS " == *" torch "* ]]; then

@@ -218,7 +218,9 @@ SINKATTN_API sinkattn_status_t sinkattn_clear_unowned_rows(const sinkattn_params
 
 /* SPEC.md section 4: which backend would run this call (is_backward = 0: forward, 1: backward).
  * *chosen is the backend (CPU or CUDA), or AUTO if none can. `report` (may be NULL) receives a
- * NUL-terminated text with one line per backend: "cpu: chosen (...)" or "cuda: not chosen: <why>".
+ * NUL-terminated text with one line per backend: "cpu: chosen (...)" or "cuda: not chosen: <why>"; the chosen
+ * backend's line may go on with "; kernels: <the kernels that run the pass and why>" (for example
+ * "cuda: chosen (tensors in device memory); kernels: hopper fwd (wgmma), tile 128 x 64, TMA").
  * Returns OK when some backend can run the call, otherwise the status the run would return. */
 SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p, int32_t is_backward,
                                                       sinkattn_backend_t* chosen, char* report,

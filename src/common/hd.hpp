@@ -7,3 +7,26 @@
 #else
 #define SINKATTN_HD inline
 #endif
+
+namespace sinkattn {
+
+// min / max of two integers: CUDA's min / max in device code (the instructions the kernels always had), a plain
+// comparison on the host.
+template <typename I>
+SINKATTN_HD I hd_min(I a, I b) {
+#if defined(__CUDA_ARCH__)
+  return min(a, b);
+#else
+  return b < a ? b : a;
+#endif
+}
+template <typename I>
+SINKATTN_HD I hd_max(I a, I b) {
+#if defined(__CUDA_ARCH__)
+  return max(a, b);
+#else
+  return a < b ? b : a;
+#endif
+}
+
+}  // namespace sinkattn

@@ -2,10 +2,20 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/hd.hpp"
+#include "sinkattn/sinkattn.h"
 
 namespace sinkattn {
+
+// sigma of SPEC.md section 2 for query head h: sinks[h] (learnable; `sinks` in the memory the caller runs in, element
+// stride `stride`), 0 (off_by_one), -inf (vanilla). The sink is in logit units: never scaled by softmax_scale.
+SINKATTN_HD float sink_sigma(sinkattn_softmax_type_t type, const float* sinks, int64_t stride, int64_t h) {
+  if (type == SINKATTN_SOFTMAX_LEARNABLE) return sinks[h * stride];
+  if (type == SINKATTN_SOFTMAX_OFF_BY_ONE) return 0.f;
+  return -INFINITY;
+}
 
 // P_sink_i = exp(sigma - LSE_i) (SPEC.md section 3): the sink's share of row i's softmax, used by
 // d_sinks[h] = sum_i P_sink_i * (d_lse_i - D_i).

@@ -70,7 +70,9 @@ struct Choice {
 
 // Picks the backend for a resolved call. Explicit requests are honoured or refused with the reason; AUTO takes
 // the backend that matches the memory of the tensors (CUDA for device memory, CPU for host memory).
-Choice choose_backend(const Call& c) {
+// with_kernels: the chosen backend's line also names its kernels (Backend::kernel_report), for
+// sinkattn_query_backend.
+Choice choose_backend(const Call& c, bool with_kernels = false) {
   Choice ch;
   const sinkattn_backend_t requested = c.p->backend;
   const sinkattn_backend_t natural = c.memory == Memory::kDevice ? SINKATTN_BACKEND_CUDA : SINKATTN_BACKEND_CPU;
@@ -94,6 +96,10 @@ Choice choose_backend(const Call& c) {
                      ? (c.memory == Memory::kDevice ? "tensors in device memory" : "tensors in host memory")
                      : "requested") +
                 ")";
+        if (with_kernels) {
+          const std::string k = b->kernel_report(c);
+          if (!k.empty()) line += "; kernels: " + k;
+        }
         ch.report += line + "\n";
         continue;
       }
@@ -287,7 +293,7 @@ SINKATTN_API sinkattn_status_t sinkattn_query_backend(const sinkattn_params_t* p
     if (report && report_len) report[0] = '\0';
     Call c;
     SINKATTN_RETURN_IF_ERROR(resolve_call(p, is_backward ? Pass::kBackward : Pass::kForward, /*shape_only=*/true, &c));
-    const Choice ch = choose_backend(c);
+    const Choice ch = choose_backend(c, /*with_kernels=*/true);
     if (report && report_len) {
       const size_t n = std::min(report_len - 1, ch.report.size());
       std::memcpy(report, ch.report.data(), n);

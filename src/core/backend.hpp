@@ -29,6 +29,13 @@ class Backend {
 
   // Free text for `sinkattn info`.
   virtual std::string describe() const = 0;
+
+  // The kernels this backend runs `c` with and why (one line, for sinkattn_query_backend's report; "" when the
+  // backend has nothing to say). Called only after supports(c) returned OK; must not touch tensor data.
+  virtual std::string kernel_report(const Call& c) const {
+    (void)c;
+    return {};
+  }
 };
 
 // The registered backends (CPU always; CUDA when compiled in). Returns nullptr when not compiled in.

@@ -12,6 +12,10 @@
 #include <string>
 
 #include "core/kv_rows.hpp"
+#include "common/mask.hpp"
+#include "common/rows.hpp"
+#include "common/seq.hpp"
+#include "common/sink.hpp"
 #include "sinkattn/sinkattn.h"
 
 namespace sinkattn {
@@ -48,11 +52,8 @@ struct PagedKv {
   int64_t capacity() const { return max_pages * page_size; }  // keys a sequence can hold
 };
 
-// (batch, row, head) strides in elements of a q/k/v/out-like tensor. For varlen inputs `b` is 0 and rows are
-// global token indices (the sequence's first row is cu_seqlens[n]).
-struct RowStrides {
-  int64_t b = 0, s = 0, h = 0;
-};
+// RowStrides: (batch, row, head) strides in elements of a q/k/v/out-like tensor (common/rows.hpp). For varlen
+// inputs `b` is 0 and rows are global token indices (the sequence's first row is cu_seqlens[n]).
 
 // Strides of softmax_lse / d_lse: dense [b, h_q, s_q], varlen [h_q, total_q] (b = 0, rows global).
 struct LseStrides {
@@ -81,7 +82,7 @@ struct Call {
 
   sinkattn_softmax_type_t softmax_type = SINKATTN_SOFTMAX_VANILLA;
   float softmax_scale = 0.f;  // resolved (default 1/sqrt(d))
-  int64_t window_left = -1, window_right = -1;
+  int64_t window_left = -1, window_right = -1;  // -1 = unbounded; clamped to s_q + s_kv (common/mask.hpp)
   sinkattn_mask_alignment_t alignment = SINKATTN_ALIGN_BOTTOM_RIGHT;
   double dropout_p = 0.0;
   uint32_t dropout_threshold = 0;  // min(floor(p * 2^32), 2^32 - 1)
@@ -98,12 +99,19 @@ struct Call {
   bool causal() const { return window_right == 0; }
 };
 
-// Per-sequence bounds for host-memory calls: row offsets and actual lengths (SPEC.md section 1).
-struct SeqBounds {
-  int64_t q_start = 0, kv_start = 0;  // global row of the first query / key (varlen), 0 for dense and paged KV
-  int64_t len_q = 0, len_kv = 0;      // actual query rows, actual keys (after seqlens / seqused)
-};
-SeqBounds host_seq_bounds(const Call& c, int64_t n);
+// The call's batch description (common/seq.hpp): its batch tensors' data pointers (in the memory the call's
+// tensors are in) and strides, and the extents (validate.cpp). Every backend reads the per-sequence bounds through
+// it: host memory with host_seq_bounds, the kernels with their copy of it.
+BatchTensors batch_tensors(const Call& c);
+
+// Per-sequence bounds for host-memory calls (SPEC.md section 1): row offsets, rows owned, actual lengths.
+using SeqBounds = SeqSpan<int64_t>;
+inline SeqBounds host_seq_bounds(const Call& c, int64_t n) { return seq_span<int64_t>(batch_tensors(c), n); }
+
+// The mask of sequence n (SPEC.md section 2; common/mask.hpp) for its actual lengths.
+inline BandMask<int64_t> host_mask(const Call& c, int64_t len_q, int64_t len_kv) {
+  return BandMask<int64_t>(c.alignment == SINKATTN_ALIGN_BOTTOM_RIGHT, c.window_left, c.window_right, len_q, len_kv);
+}
 
 // kv_row_index for a host-memory call (reads the page table of paged calls).
 inline KvRowIndex host_kv_row(const Call& c, const SeqBounds& s, int64_t n, int64_t j) {
@@ -112,32 +120,20 @@ inline KvRowIndex host_kv_row(const Call& c, const SeqBounds& s, int64_t n, int6
 }
 
 // First and one-past-last visible key of query row i (within its sequence), SPEC.md section 2, masks.
-// Returns an empty range (lo >= hi) when nothing is visible. Windows wider than the sequence are not
-// clamped in a way that drops keys.
+// Returns an empty range (lo >= hi) when nothing is visible.
 struct KeyRange {
   int64_t lo, hi;
 };
 inline KeyRange visible_keys(const Call& c, int64_t i, int64_t len_q, int64_t len_kv) {
-  const int64_t off = c.alignment == SINKATTN_ALIGN_BOTTOM_RIGHT ? len_kv - len_q : 0;
-  int64_t lo = 0, hi = len_kv;
-  if (c.window_left >= 0) lo = std::max<int64_t>(lo, i + off - c.window_left);
-  if (c.window_right >= 0) hi = std::min<int64_t>(hi, i + off + c.window_right + 1);
-  if (hi < lo) hi = lo;
-  return {lo, hi};
+  KeyRange r;
+  host_mask(c, len_q, len_kv).key_range(i, i + 1, r.lo, r.hi);
+  return r;
 }
 
-// sigma of SPEC.md section 2 for query head h (host memory sinks).
+// sigma of SPEC.md section 2 for query head h (host memory sinks; common/sink.hpp).
 inline float host_sink(const Call& c, int64_t h) {
-  switch (c.softmax_type) {
-    case SINKATTN_SOFTMAX_LEARNABLE: {
-      const sinkattn_tensor_t& s = c.p->sinks;
-      return static_cast<const float*>(s.data)[h * s.strides[0]];
-    }
-    case SINKATTN_SOFTMAX_OFF_BY_ONE:
-      return 0.f;
-    default:
-      return -INFINITY;
-  }
+  const sinkattn_tensor_t& s = c.p->sinks;
+  return sink_sigma(c.softmax_type, static_cast<const float*>(s.data), s.strides[0], h);
 }
 
 }  // namespace sinkattn

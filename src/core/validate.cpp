@@ -473,8 +473,9 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   // ---- resolved options ----
   c.softmax_scale = std::isnan(p.softmax_scale) ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)))
                                                 : p.softmax_scale;
-  c.window_left = p.window_left < 0 ? -1 : p.window_left;
-  c.window_right = p.window_right < 0 ? -1 : p.window_right;
+  // The one window clamp (common/mask.hpp): -1 = unbounded; windows of s_q + s_kv or more restrict nothing.
+  c.window_left = clamp_window(p.window_left, c.s_q, c.s_kv);
+  c.window_right = clamp_window(p.window_right, c.s_q, c.s_kv);
   c.alignment = p.mask_alignment;
   c.dropout_p = p.dropout_p;
   c.dropout_threshold = dropout_threshold(p.dropout_p);
@@ -535,27 +536,27 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   return Status::ok();
 }
 
-SeqBounds host_seq_bounds(const Call& c, int64_t n) {
+BatchTensors batch_tensors(const Call& c) {
   const sinkattn_params_t& p = *c.p;
-  SeqBounds s;
+  BatchTensors bt;
+  bt.varlen = c.plan.varlen ? 1 : 0;
+  bt.s_q = c.s_q;
+  bt.s_kv = c.s_kv;
+  const auto take = [](const sinkattn_tensor_t& t, const int32_t*& ptr, int64_t& st) {
+    ptr = static_cast<const int32_t*>(t.data);  // host or device memory: not dereferenced here
+    st = t.strides[0];
+  };
   if (c.plan.varlen) {
-    const int32_t* cq = host_i32(p.cu_seqlens_q);
-    const int64_t sq = p.cu_seqlens_q.strides[0];
-    s.q_start = cq[n * sq];
-    s.len_q = cq[(n + 1) * sq] - s.q_start;
-    if (!c.paged.on) {
-      const int32_t* ck = host_i32(p.cu_seqlens_kv);
-      const int64_t sk = p.cu_seqlens_kv.strides[0];
-      s.kv_start = ck[n * sk];
-      s.len_kv = ck[(n + 1) * sk] - s.kv_start;
-    }
+    take(p.cu_seqlens_q, bt.cu_seqlens_q, bt.cu_q_st);
+    if (!c.paged.on) take(p.cu_seqlens_kv, bt.cu_seqlens_kv, bt.cu_kv_st);
   } else {
-    s.len_q = c.plan.seqlens_q ? host_i32(p.seqlens_q)[n * p.seqlens_q.strides[0]] : c.s_q;
-    s.len_kv = c.plan.seqlens_kv ? host_i32(p.seqlens_kv)[n * p.seqlens_kv.strides[0]] : c.s_kv;
+    if (c.plan.seqlens_q) take(p.seqlens_q, bt.seqlens_q, bt.seqlens_q_st);
+    if (c.plan.seqlens_kv) take(p.seqlens_kv, bt.seqlens_kv, bt.seqlens_kv_st);
   }
   // seqused_kv: the keys used (varlen), the keys in the pages (paged KV: the sequence's key count, kv_start 0).
-  if (c.plan.seqused_kv) s.len_kv = host_i32(p.seqused_kv)[n * p.seqused_kv.strides[0]];
-  return s;
+  if (c.plan.seqused_kv) take(p.seqused_kv, bt.seqused_kv, bt.seqused_st);
+  if (c.paged.on) bt.page_table = static_cast<const int32_t*>(p.page_table.data);
+  return bt;
 }
 
 }  // namespace sinkattn

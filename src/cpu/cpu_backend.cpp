@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "cpu/cpu_common.hpp"
 #include "cpu/cpu_passes.hpp"
 
 namespace sinkattn {
@@ -41,6 +42,14 @@ class CpuBackend final : public Backend {
 
   Status run(const Call& c) const override {
     return c.pass == Pass::kForward ? cpu::run_forward(c) : cpu::run_backward(c);
+  }
+
+  std::string kernel_report(const Call& c) const override {
+    int threads = omp_get_max_threads();
+    if (c.p->num_threads > 0 && c.p->num_threads < threads) threads = c.p->num_threads;
+    return std::string(c.pass == Pass::kForward ? "tiled online-softmax forward" : "tiled backward (dk dv, then dq)") +
+           ", fp32 accumulation, tile " + std::to_string(cpu::kBlockQ) + " x " + std::to_string(cpu::kBlockK) +
+           ", " + std::to_string(threads) + " OpenMP threads";
   }
 
   std::string describe() const override {

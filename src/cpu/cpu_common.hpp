@@ -48,17 +48,11 @@ struct Ctx {
     seq.resize(static_cast<size_t>(c.b));
     alloc_q.resize(static_cast<size_t>(c.b));
     alloc_kv.resize(static_cast<size_t>(c.b));
+    const BatchTensors bt = batch_tensors(c);
     for (int64_t n = 0; n < c.b; ++n) {
-      seq[n] = host_seq_bounds(c, n);
-      alloc_q[n] = c.plan.varlen ? seq[n].len_q : c.s_q;
-      alloc_kv[n] = c.s_kv;
-      if (c.paged.on) {
-        alloc_kv[n] = seq[n].len_kv;  // page pools: no rows owned (forward only; the panels hold the keys)
-      } else if (c.plan.varlen) {
-        const int32_t* ck = static_cast<const int32_t*>(p.cu_seqlens_kv.data);
-        const int64_t sk = p.cu_seqlens_kv.strides[0];
-        alloc_kv[n] = int64_t(ck[(n + 1) * sk]) - ck[n * sk];
-      }
+      seq[n] = seq_span<int64_t>(bt, n);
+      alloc_q[n] = seq[n].rows_q;
+      alloc_kv[n] = seq[n].rows_kv;
     }
     rows_q = c.s_q;
     rows_kv = c.s_kv;
@@ -83,7 +77,7 @@ struct Ctx {
   // Element (n, row, head) of a q/k/v/out-like tensor.
   template <typename T>
   static T* at(void* base, sinkattn_dtype_t dt, const RowStrides& s, int64_t n, int64_t row, int64_t h) {
-    const int64_t off = n * s.b + row * s.s + h * s.h;
+    const int64_t off = row_offset(s, n, row, h);
     return reinterpret_cast<T*>(static_cast<char*>(base) + off * (dt == SINKATTN_F32 ? 4 : 2));
   }
   const void* in_row(const sinkattn_tensor_t& t, const RowStrides& s, int64_t n, int64_t row, int64_t h) const {
@@ -93,7 +87,7 @@ struct Ctx {
     return at<char>(t.data, c.dtype, s, n, row, h);
   }
   float* lse_ptr(const sinkattn_tensor_t& t, const LseStrides& s, int64_t n, int64_t h, int64_t row) const {
-    return static_cast<float*>(t.data) + (n * s.b + h * s.h + row * s.s);
+    return static_cast<float*>(t.data) + lse_offset(s.b, s.h, s.s, n, h, row);
   }
 
   // sigma of SPEC.md section 2 and the LSE of a row that sees no key (sigma; -inf for vanilla).

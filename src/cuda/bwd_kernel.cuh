@@ -19,6 +19,7 @@
 #include "cuda/epilogue.cuh"
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
+#include "cuda/prologue.cuh"
 #include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 
@@ -36,27 +37,24 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const TileCoord tc = scheduled_tile(p.window_right >= 0);
-  const int h = tc.head, n = tc.batch;
-  const int hk = h / p.group;
-  const SeqInfo sq = seq_info(p, n);
-  const int m0 = tc.block * BM;
-  if (m0 >= sq.rows_q) return;
-  T* dq = static_cast<T*>(p.dq) + n * p.dq_st.b + (sq.q_start + m0) * p.dq_st.s + h * p.dq_st.h;
-  if (m0 >= sq.len_q) {  // padding rows: dq = 0 (SPEC 3)
-    zero_rows(dq, p.dq_st.s, min(BM, sq.rows_q - m0), p.d, tid, Tr::kThreads);
+  const QueryTile<BM> qt(p, scheduled_tile(p.window_right >= 0));
+  const int h = qt.h, n = qt.n, m0 = qt.m0;
+  const SeqInfo& sq = qt.sq;
+  if (qt.outside()) return;
+  T* dq = qt.template q_rows<T>(p.dq, p.dq_st);
+  if (qt.padding()) {  // padding rows: dq = 0 (SPEC 3)
+    zero_rows(dq, p.dq_st.s, qt.rows(), p.d, tid, Tr::kThreads);
     return;
   }
 
   const Mask mk(p, sq);
-  int k_lo, k_hi;
-  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
-  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+  int nb_lo, nb_hi;
+  qt.template key_blocks<BN>(mk, nb_lo, nb_hi);
 
-  const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
-  const T* dog = static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + m0) * p.dout_st.s + h * p.dout_st.h;
-  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
-  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+  const T* qg = qt.template q_rows<const T>(p.q, p.q_st);
+  const T* dog = qt.template q_rows<const T>(p.d_out, p.dout_st);
+  const T* kg = qt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = qt.template kv_rows<const T>(p.v, p.v_st);
 
   load_tile_async<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
   load_tile_async<BM, HD, Tr::kThreads>(sdO, dog, p.dout_st.s, sq.len_q - m0, p.d_v, tid);
@@ -157,22 +155,21 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const TileCoord tc = scheduled_tile(false);
-  const int hk = tc.head, n = tc.batch;
-  const SeqInfo sq = seq_info(p, n);
-  const int j0 = tc.block * BN;
-  if (j0 >= sq.rows_kv) return;
-  T* dk = static_cast<T*>(p.dk) + n * p.dk_st.b + (sq.kv_start + j0) * p.dk_st.s + hk * p.dk_st.h;
-  T* dv = static_cast<T*>(p.dv) + n * p.dv_st.b + (sq.kv_start + j0) * p.dv_st.s + hk * p.dv_st.h;
-  const int rows_out = min(BN, sq.rows_kv - j0);
+  const KeyTile<BN> kt(p, scheduled_tile(false));
+  const int hk = kt.hk, n = kt.n, j0 = kt.j0;
+  const SeqInfo& sq = kt.sq;
+  if (kt.outside()) return;
+  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
+  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
+  const int rows_out = kt.rows();
 
   const Mask mk(p, sq);
   int qb_lo, nq;
-  query_blocks<BM, BN>(mk, sq, j0, qb_lo, nq);
+  kt.template query_blocks<BM>(mk, qb_lo, nq);
   const int iters = nq * p.group;  // (query head of the group, query block), head-major
 
-  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
-  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + (sq.kv_start + j0) * p.v_st.s + hk * p.v_st.h;
+  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
   load_tile_async<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
   load_tile_async<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
@@ -184,9 +181,8 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
-    const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
-    const T* dog =
-        static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
+    const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+    const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
     load_tile_async<BM, HD, Tr::kThreads>(sQ + buf * BM * LD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
     load_tile_async<BM, HD, Tr::kThreads>(sdO + buf * BM * LD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     static_assert(BM <= Tr::kThreads, "one row per thread");

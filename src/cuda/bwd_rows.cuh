@@ -1,24 +1,12 @@
 // CUDA backend: pieces shared by the two dK dV kernels (bwd_kernel.cuh on mma.sync, hopper/bwd_dkdv_sm90.cuh on
-// wgmma), SPEC.md section 3: which query blocks a key block visits, and the per-row inputs of a query block
-// (LSE2 = LSE * log2(e) and D - d_lse, written by the preprocess pass: Params::ws_lse2, ws_dp) prefetched into
-// registers.
+// wgmma), SPEC.md section 3: the per-row inputs of a query block (LSE2 = LSE * log2(e) and D - d_lse, written by
+// the preprocess pass: Params::ws_lse2, ws_dp) prefetched into registers.
 #pragma once
 
 #include "cuda/mask.cuh"
 #include "cuda/params.cuh"
 
 namespace sinkattn::cuda {
-
-// Query blocks of BM rows that see some key of [j0, j0 + BN): blocks qb_lo .. qb_lo + nq - 1 (nq = 0 when the key
-// block lies in the padding past len_kv or no query row sees it).
-template <int BM, int BN>
-__device__ __forceinline__ void query_blocks(const Mask& mk, const SeqInfo& sq, int j0, int& qb_lo, int& nq) {
-  int q_lo = 0, q_hi = 0;
-  if (j0 < sq.len_kv) mk.query_range(j0, min(j0 + BN, sq.len_kv), q_lo, q_hi);
-  qb_lo = q_lo / BM;
-  const int qb_hi = (q_hi + BM - 1) / BM;
-  nq = qb_hi > qb_lo ? qb_hi - qb_lo : 0;
-}
 
 // LSE2 and D - d_lse of rows i0 + tid (tid < BM) of query head h: load() reads them from the workspace into
 // registers when a step's tiles are issued, store() puts them in shared memory (sL, sD: [2][BM]) once the buffer

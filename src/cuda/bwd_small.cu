@@ -36,9 +36,8 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
   const bool real = i < sq.len_q;  // rows [len_q, rows_q) are padding: they contribute nothing (SPEC 3)
   float dsum = 0.f;
   if (real) {
-    const T* o = static_cast<const T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h;
-    const T* go =
-        static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i) * p.dout_st.s + h * p.dout_st.h;
+    const T* o = row_ptr<const T>(p.out, p.out_st, n, sq.q_start + i, h);
+    const T* go = row_ptr<const T>(p.d_out, p.dout_st, n, sq.q_start + i, h);
     for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
   }
   dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
@@ -50,14 +49,15 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
       p.ws_lse2[wr] = INFINITY;
       p.ws_dp[wr] = 0.f;
     } else {
-      const float lse = p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s];
-      const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + (sq.q_start + i) * p.dlse_s] : 0.f;
+      const float lse = p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + i)];
+      const float dlse = p.d_lse ? p.d_lse[lse_offset(p.dlse_b, p.dlse_h, p.dlse_s, n, h, sq.q_start + i)] : 0.f;
       p.ws_lse2[wr] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       p.ws_dp[wr] = dsum - dlse;
-      if (p.softmax_type == 2) part = sink_probability(sigma, lse) * (dlse - dsum);
+      if (p.softmax_type == SINKATTN_SOFTMAX_LEARNABLE) part = sink_probability(sigma, lse) * (dlse - dsum);
     }
   }
-  if (p.softmax_type == 2) {  // fixed-order (deterministic) reduction: warp tree, then the 4 warps in order
+  // fixed-order (deterministic) reduction: warp tree, then the 4 warps in order
+  if (p.softmax_type == SINKATTN_SOFTMAX_LEARNABLE) {
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) part += __shfl_xor_sync(0xffffffffu, part, m);
     if (lane == 0) warp_sums[warp] = part;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p)
   for (int r = 0; r < kPreRows / (kPreThreads / 32); ++r) {
     const int i = blockIdx.x * kPreRows + warp * (kPreRows / (kPreThreads / 32)) + r;
     if (i >= sq.rows_q) break;
-    T* dq = static_cast<T*>(p.dq) + n * p.dq_st.b + (sq.q_start + i) * p.dq_st.s + h * p.dq_st.h;
+    T* dq = row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h);
     if (i >= sq.len_q) {
       for (int c = 2 * lane; c < p.d; c += 64) *reinterpret_cast<uint32_t*>(dq + c) = 0u;
       continue;

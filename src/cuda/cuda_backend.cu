@@ -1,13 +1,14 @@
-// CUDA backend (sm_80+): dispatch, workspace, and the Backend interface (src/core/backend.hpp).
-// The kernels live in one translation unit per head-dim tile (inst_hd*.cu); this file resolves a Call into
-// kernel Params (params.cuh), checks what the kernels support (SPEC.md section 4: anything they do not support
-// is rejected with the reason, never silently dropped), lays out the workspace (same code path for the size
-// query and the run), and launches:
-//   forward:  decode kernels when decode/decode.hpp's plan applies (up to 16 query rows per sequence: decode
-//             kernel [+ split combine]), else fwd_kernel (paged KV: its page-table variant) [+ rng_state]
+// CUDA backend (sm_80+): the Backend interface (src/core/backend.hpp), workspace, launch sequence.
+// The kernels live in one translation unit per head-dim tile (inst_hd*.cu); which of them run is decided by the
+// dispatch unit alone (dispatch.cpp: choose_kernels, from the call, the device's properties and the environment
+// switches). This file resolves a Call into kernel Params (params.cuh), checks what the kernels support (SPEC.md
+// section 4: anything they do not support is rejected with the reason, never silently dropped), lays out the
+// workspace from the kernel choice (same code path for the size query and the run), and launches:
+//   forward:  the decode kernels [+ split combine] (decode/decode.hpp) or the forward kernel [+ rng_state]
 //   backward: preprocess (D, LSE2, d_sinks partials) -> d_sinks finalize ->
-//             deterministic:     dq kernel -> dK dV kernel
-//             non-deterministic: zero fp32 dq accumulator -> dK dV kernel with fused dQ (atomics) -> dq convert
+//             dq kernel:           dq kernel -> dK dV kernel
+//             fused dq (atomics):  zero fp32 dq accumulator -> dK dV kernel with fused dQ -> dq convert
+//             fused dq (ordered):  zero accumulator and semaphores -> Hopper dK dV kernel, fixed order -> dq convert
 //             [-> d_bias reduce over broadcast dims]
 #include <cuda_runtime.h>
 
@@ -18,8 +19,11 @@
 #include "core/backend.hpp"
 #include "core/philox.hpp"
 #include "cuda/decode/decode.hpp"
+#include "cuda/dispatch.hpp"
+#include "cuda/dq_order.hpp"
 #include "cuda/fp32/f32.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/tiles.hpp"
 
 namespace sinkattn {
 
@@ -38,11 +42,26 @@ Status device_error(const char* what, cudaError_t e) {
     if (_e != cudaSuccess) return device_error(what, _e);  \
   } while (0)
 
-int head_dim_tile(int64_t d, int64_t d_v) {
-  const int64_t m = std::max(d, d_v);
-  for (int t : cuda::kHeadDimTiles)
-    if (m <= t) return t;
-  return 0;
+using cuda::tiles::head_dim_tile;
+
+// The properties choose_kernels needs, of the current device.
+cuda::DeviceProps current_device_props() {
+  cuda::DeviceProps d;
+#ifdef SINKATTN_CUDA_SM90A
+  d.sm90a_code = true;
+#endif
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    d.cc_major = d.cc_minor = 0;
+  }
+  return d;
+}
+
+cuda::KernelChoice kernel_choice(const Call& c) {
+  return cuda::choose_kernels(c, current_device_props(), cuda::switches_from_env());
 }
 
 const char* dtype_str(sinkattn_dtype_t t) {
@@ -70,15 +89,16 @@ Status check_rows(const char* name, const sinkattn_tensor_t& t, const RowStrides
 
 // Workspace layout (backward): offsets in bytes, each region 256-byte aligned.
 struct Workspace {
-  size_t lse2 = 0, dp = 0, dsink = 0, dbias = 0, dq = 0, total = 0;
-  bool has_dq = false;
+  size_t lse2 = 0, dp = 0, dsink = 0, dbias = 0, dq = 0, dq_sem = 0, total = 0;
+  bool has_dq = false, has_dq_sem = false;
   int n_pre_blocks = 0;
   int64_t rows_total_q = 0;
+  int64_t n_dq_sem = 0;  // unsigned counters of the ordered dq (dq_order.hpp)
 };
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-Workspace workspace_layout(const Call& c) {
+Workspace workspace_layout(const Call& c, const cuda::KernelChoice& kc) {
   Workspace w;
   if (c.pass != Pass::kBackward) return w;
   w.rows_total_q = c.plan.varlen ? c.total_q : c.b * c.s_q;
@@ -94,12 +114,19 @@ Workspace workspace_layout(const Call& c) {
     w.dbias = off;
     off = align256(off + sizeof(float) * c.b * c.h_q * c.s_q * c.s_kv);
   }
-  // fp32 dq accumulator of the fused backward (atomics). With a bias the dq kernel runs instead: it is the one
-  // that writes dS to the d_bias workspace.
-  if (!c.deterministic && c.plan.bias != Use::kRequired) {
+  // fp32 dq accumulator of the fused dq (the dK dV kernel adds to it; the dq kernel, the dispatch's choice with a
+  // bias or for deterministic = 1 off Hopper, needs none), and the ordered dq's ticket and semaphores.
+  if (kc.dq != cuda::DqPath::kDqKernel) {
     w.has_dq = true;
     w.dq = off;
     off = align256(off + sizeof(float) * c.h_q * w.rows_total_q * c.d);
+  }
+  if (kc.dq == cuda::DqPath::kFusedOrdered) {
+    w.has_dq_sem = true;
+    w.n_dq_sem = cuda::dq_sem_count(c.b, c.h_kv, (c.s_q + cuda::tiles::dkdv_sm90_block_m(kc.tile) - 1) /
+                                                     cuda::tiles::dkdv_sm90_block_m(kc.tile));
+    w.dq_sem = off;
+    off = align256(off + sizeof(unsigned) * w.n_dq_sem);
   }
   w.total = off;
   return w;
@@ -139,33 +166,24 @@ Params make_params(const Call& c, const Workspace& w) {
     k.bias_shape_b = static_cast<int>(p.bias.shape[0]);
     k.bias_shape_h = static_cast<int>(p.bias.shape[1]);
   }
-  if (c.plan.varlen) {
-    k.varlen = 1;
-    k.cu_seqlens_q = static_cast<const int*>(p.cu_seqlens_q.data);
-    k.cu_seqlens_kv = static_cast<const int*>(p.cu_seqlens_kv.data);
-    k.cu_q_st = p.cu_seqlens_q.strides[0];
-    k.cu_kv_st = p.cu_seqlens_kv.strides[0];
-    if (c.plan.seqused_kv) {
-      k.seqused_kv = static_cast<const int*>(p.seqused_kv.data);
-      k.seqused_st = p.seqused_kv.strides[0];
-    }
-  } else {
-    if (c.plan.seqlens_q) {
-      k.seqlens_q = static_cast<const int*>(p.seqlens_q.data);
-      k.seqlens_q_st = p.seqlens_q.strides[0];
-    }
-    if (c.plan.seqlens_kv) {
-      k.seqlens_kv = static_cast<const int*>(p.seqlens_kv.data);
-      k.seqlens_kv_st = p.seqlens_kv.strides[0];
-    }
-  }
+  // Batch tensors (device pointers; common/seq.hpp's BatchTensors, whose members Params repeats).
+  const BatchTensors bt = batch_tensors(c);
+  k.cu_seqlens_q = bt.cu_seqlens_q;
+  k.cu_seqlens_kv = bt.cu_seqlens_kv;
+  k.seqused_kv = bt.seqused_kv;
+  k.seqlens_q = bt.seqlens_q;
+  k.seqlens_kv = bt.seqlens_kv;
+  k.cu_q_st = bt.cu_q_st;
+  k.cu_kv_st = bt.cu_kv_st;
+  k.seqused_st = bt.seqused_st;
+  k.seqlens_q_st = bt.seqlens_q_st;
+  k.seqlens_kv_st = bt.seqlens_kv_st;
+  k.varlen = bt.varlen;
   if (c.paged.on) {  // paged KV (SPEC 1): seqused_kv is required, cu_seqlens_kv absent
-    k.page_table = static_cast<const int*>(p.page_table.data);
+    k.page_table = bt.page_table;
     k.pt_st_n = c.paged.pt_n;
     k.pt_st_p = c.paged.pt_p;
     k.page_size = static_cast<int>(c.paged.page_size);
-    k.seqused_kv = static_cast<const int*>(p.seqused_kv.data);
-    k.seqused_st = p.seqused_kv.strides[0];
   }
   k.num_splits = 1;
   k.b = static_cast<int>(c.b);
@@ -181,8 +199,9 @@ Params make_params(const Call& c, const Workspace& w) {
   k.softmax_type = c.softmax_type;
   k.softmax_scale = c.softmax_scale;
   k.scale_log2 = c.softmax_scale * 1.4426950408889634f;  // log2(e)
-  k.window_left = static_cast<int>(std::min<int64_t>(c.window_left, 1 << 30));
-  k.window_right = static_cast<int>(std::min<int64_t>(c.window_right, 1 << 30));
+  // -1 or clamped to s_q + s_kv < 2^30 by resolve_call (common/mask.hpp): fits the kernels' 32-bit mask arithmetic.
+  k.window_left = static_cast<int>(c.window_left);
+  k.window_right = static_cast<int>(c.window_right);
   k.align_bottom_right = c.alignment == SINKATTN_ALIGN_BOTTOM_RIGHT;
   k.dropout = c.plan.dropout;
   k.dropout_threshold = c.dropout_threshold;
@@ -222,6 +241,7 @@ Params make_params(const Call& c, const Workspace& w) {
     k.ws_dsink = reinterpret_cast<float*>(ws + w.dsink);
     k.ws_dbias = c.plan.bias == Use::kRequired ? reinterpret_cast<float*>(ws + w.dbias) : nullptr;
     k.ws_dq = w.has_dq ? reinterpret_cast<float*>(ws + w.dq) : nullptr;
+    k.ws_dq_sem = w.has_dq_sem ? reinterpret_cast<unsigned*>(ws + w.dq_sem) : nullptr;
     k.n_pre_blocks = w.n_pre_blocks;
   } else if (p.rng_seed_offset.rank > 0 && p.rng_seed_offset.data != nullptr) {
     k.rng_in = static_cast<const uint64_t*>(p.rng_seed_offset.data);
@@ -231,34 +251,33 @@ Params make_params(const Call& c, const Workspace& w) {
 }
 
 template <typename T, int HD>
-cudaError_t run_tile(const Params& k, bool backward, cudaStream_t st) {
-  if (!backward) return cuda::launch_fwd<T, HD>(k, st);
-  if (k.ws_dq == nullptr) {  // deterministic: separate dq kernel, no float atomics
-    cudaError_t e = cuda::launch_bwd_dq<T, HD>(k, st);
+cudaError_t run_tile(const Params& k, const cuda::KernelChoice& kc, bool backward, cudaStream_t st) {
+  if (!backward) return cuda::launch_fwd<T, HD>(k, kc, st);
+  if (kc.dq == cuda::DqPath::kDqKernel) {  // separate dq kernel, no float atomics
+    cudaError_t e = cuda::launch_bwd_dq<T, HD>(k, kc, st);
     if (e != cudaSuccess) return e;
   }
-  return cuda::launch_bwd_dkdv<T, HD>(k, st);
+  return cuda::launch_bwd_dkdv<T, HD>(k, kc, st);
 }
 
 template <typename T>
-cudaError_t run_main(int tile, const Params& k, bool backward, cudaStream_t st) {
-  switch (tile) {
-    case 32: return run_tile<T, 32>(k, backward, st);
-    case 64: return run_tile<T, 64>(k, backward, st);
-    case 96: return run_tile<T, 96>(k, backward, st);
-    case 128: return run_tile<T, 128>(k, backward, st);
-    case 192: return run_tile<T, 192>(k, backward, st);
-    case 256: return run_tile<T, 256>(k, backward, st);
+cudaError_t run_main(const cuda::KernelChoice& kc, const Params& k, bool backward, cudaStream_t st) {
+  switch (kc.tile) {
+    case 32: return run_tile<T, 32>(k, kc, backward, st);
+    case 64: return run_tile<T, 64>(k, kc, backward, st);
+    case 96: return run_tile<T, 96>(k, kc, backward, st);
+    case 128: return run_tile<T, 128>(k, kc, backward, st);
+    case 192: return run_tile<T, 192>(k, kc, backward, st);
+    case 256: return run_tile<T, 256>(k, kc, backward, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename T>
-Status run_typed(const Call& c, const Params& k, cudaStream_t st) {
-  const int tile = head_dim_tile(c.d, c.d_v);
+Status run_typed(const Call& c, const cuda::KernelChoice& kc, const Workspace& w, const Params& k, cudaStream_t st) {
   const sinkattn_params_t& p = *c.p;
   if (c.pass == Pass::kForward) {
-    SINKATTN_CUDA_CHECK("forward kernel", run_main<T>(tile, k, false, st));
+    SINKATTN_CUDA_CHECK("forward kernel", run_main<T>(kc, k, false, st));
     if (p.rng_state.rank > 0 && p.rng_state.data != nullptr)
       SINKATTN_CUDA_CHECK("rng_state kernel",
                           cuda::launch_rng_state(k.rng_in, k.rng_in_stride, k.seed, k.offset,
@@ -275,7 +294,9 @@ Status run_typed(const Call& c, const Params& k, cudaStream_t st) {
   if (k.ws_dq != nullptr)
     SINKATTN_CUDA_CHECK("dq accumulator memset",
                         cudaMemsetAsync(k.ws_dq, 0, sizeof(float) * c.h_q * k.rows_total_q * c.d, st));
-  SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(tile, k, true, st));
+  if (k.ws_dq_sem != nullptr)
+    SINKATTN_CUDA_CHECK("dq semaphore memset", cudaMemsetAsync(k.ws_dq_sem, 0, sizeof(unsigned) * w.n_dq_sem, st));
+  SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(kc, k, true, st));
   if (k.ws_dq != nullptr)
     SINKATTN_CUDA_CHECK("dq convert kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDqConvert, st));
   if (k.d_bias != nullptr)
@@ -308,8 +329,9 @@ class CudaBackend final : public Backend {
                          " not supported (multiples of 8 up to 256; tiles 32, 64, 96, 128, 192, 256)");
     if (c.b > 65535 || c.h_q > 65535)
       return unsupported("cuda backend: b and h_q must be <= 65535 (grid dimensions)");
-    if (c.s_q > (1 << 30) || c.s_kv > (1 << 30))
-      return unsupported("cuda backend: sequence lengths above 2^30 are not supported");
+    if (c.s_q + c.s_kv >= (int64_t{1} << 30))
+      return unsupported("cuda backend: s_q + s_kv (max_seqlen_q + max_seqlen_kv for varlen) must be below 2^30 "
+                         "(32-bit mask arithmetic, common/mask.hpp)");
     if (c.pass == Pass::kBackward && c.plan.bias == Use::kRequired &&
         static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * 4.0 > 64.0 * (1ull << 30))
       return unsupported("cuda backend: d_bias needs an fp32 workspace of b*h_q*s_q*s_kv floats, over 64 GiB here");
@@ -338,17 +360,19 @@ class CudaBackend final : public Backend {
 
   Status workspace_size(const Call& c, size_t* bytes) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::workspace_size(c, bytes);
-    *bytes = workspace_layout(c).total;
-    if (c.pass == Pass::kForward) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c);
-      if (dp.use) *bytes = dp.bytes;  // the split partials (none without splits)
-    }
+    const cuda::KernelChoice kc = kernel_choice(c);
+    *bytes = workspace_layout(c, kc).total;
+    if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode)
+      *bytes = cuda::plan_decode(c).bytes;  // the split partials (none without splits)
     return Status::ok();
   }
 
+  std::string kernel_report(const Call& c) const override { return kernel_choice(c).summary(c.pass); }
+
   Status run(const Call& c) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::run(c);
-    const Workspace w = workspace_layout(c);
+    const cuda::KernelChoice kc = kernel_choice(c);
+    const Workspace w = workspace_layout(c, kc);
     if (c.pass == Pass::kBackward && c.p->workspace_bytes < w.total)
       return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "cuda backend: workspace of " +
                                                           std::to_string(c.p->workspace_bytes) + " bytes, needs " +
@@ -358,12 +382,14 @@ class CudaBackend final : public Backend {
     Params k = make_params(c, w);
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
-    if (c.pass == Pass::kForward) {
+    if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {
       const cuda::DecodePlan dp = cuda::plan_decode(c);
-      if (dp.use) return run_decode(c, dp, k, st);
+      if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
+                                         dp.why_not);
+      return run_decode(c, dp, k, st);
     }
-    if (c.dtype == SINKATTN_F16) return run_typed<__half>(c, k, st);
-    return run_typed<__nv_bfloat16>(c, k, st);
+    if (c.dtype == SINKATTN_F16) return run_typed<__half>(c, kc, w, k, st);
+    return run_typed<__nv_bfloat16>(c, kc, w, k, st);
   }
 
   // Forward on the decode kernels (decode/decode.hpp) [+ rng_state].
@@ -394,30 +420,25 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < count; ++i) {
       cudaDeviceProp prop;
       if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+      cuda::DeviceProps dp = current_device_props();
+      dp.cc_major = prop.major;
+      dp.cc_minor = prop.minor;
+      const std::string no90 = cuda::hopper_unavailable(dp, cuda::switches_from_env());
       s += "  device " + std::to_string(i) + ": " + prop.name + ", sm_" + std::to_string(prop.major) +
            std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
-           std::to_string(prop.totalGlobalMem >> 20) + " MiB\n";
+           std::to_string(prop.totalGlobalMem >> 20) + " MiB; Hopper kernels: " +
+           (no90.empty() ? std::string("yes") : "no, " + no90) + "\n";
     }
     s += "  dtypes: fp16, bf16 (tensor cores); fp32 (plain SIMT fp32 kernels, deterministic, slow)\n";
     s += "  head dims: multiples of 8 up to 256 (d and d_v may differ), tiles 32 64 96 128 192 256\n";
-    s += "  kernels: forward; backward = preprocess (D, fused d_sinks) + dK/dV (GQA summed in registers) "
-         "[+ d_bias reduce]; deterministic = 0 fuses dq into the dK/dV kernel (fp32 atomics), "
-         "deterministic = 1 uses a separate dq kernel (no float atomics)\n";
+    s += "  kernels: sm_80 FlashAttention-2-style forward, dq, dK/dV (mma.sync); Hopper (sm_90a) forward and dK/dV + "
+         "fused dq on warpgroup MMA (wgmma) with TMA tile loads";
 #ifdef SINKATTN_CUDA_SM90A
-    s += "  hopper (sm_90a, compute capability 9.0): forward and dK/dV + fused dq on warpgroup MMA (wgmma), tiles by "
-         "TMA, for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout (forward: not for windows spanning "
-         "fewer than 512 keys per 128 query rows; dK/dV: deterministic = 0) "
-         "(SINKATTN_CUDA_NO_SM90=1 turns it off; SINKATTN_CUDA_NO_TMA=1 loads every tile through cp.async)\n";
+    s += "\n";
 #else
-    s += "  hopper: not built (CMAKE_CUDA_ARCHITECTURES without 90a)\n";
+    s += " (not built: CMAKE_CUDA_ARCHITECTURES without 90a)\n";
 #endif
-    s += "  decode (forward, up to 16 query rows per sequence, fp16 / bf16, head dims up to 128, no bias / dropout; "
-         "contiguous or paged KV): the query heads of a KV group packed into one tile, split-KV (flash-decoding; "
-         "num_splits 0 = heuristic from batch, KV heads, keys and SMs, N = at most N <= 128) with a combine kernel, "
-         "windows read only their pages; no host synchronisation or allocation (graph-capturable)\n";
-    s += "  paged KV (page_table, forward only, any page_size): decode kernels as above, longer query chunks on the "
-         "sm_80 forward kernel reading K / V rows through the page table (the Hopper forward is off for paged calls: "
-         "its TMA tensor maps describe contiguous rows)\n";
+    s += "  " + cuda::dispatch_rules() + "\n";
     s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
          "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
          "dropout (Philox, bit-identical to CPU), d_lse\n";

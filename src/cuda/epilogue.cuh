@@ -47,7 +47,7 @@ __device__ __forceinline__ void fwd_store_padding_rows(const Params& p, const Se
                                                        int m0, int rows, float sigma, int tid, int nthreads) {
   zero_rows(out, p.out_st.s, rows, p.d_v, tid, nthreads);
   for (int r = tid; r < rows; r += nthreads)
-    p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + m0 + r) * p.lse_s] = sigma;
+    p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + m0 + r)] = sigma;
 }
 
 // Forward (SPEC 2), a warp's 16 query rows starting at row row0 of the sequence (`out` points at row row0):
@@ -66,8 +66,9 @@ __device__ __forceinline__ void fwd_store_rows(const Params& p, const SeqInfo& s
   if (row0 + g + 8 >= sq.len_q) inv8 = 0.f;
   store_fragment<T, NO>(out, p.out_st.s, rows_valid, p.d_v, acc, inv0, inv8, lane);
   if ((lane & 3) == 0) {
-    if (g < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row0 + g) * p.lse_s] = lse0;
-    if (g + 8 < rows_valid) p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + row0 + g + 8) * p.lse_s] = lse8;
+    if (g < rows_valid) p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + row0 + g)] = lse0;
+    if (g + 8 < rows_valid)
+      p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + row0 + g + 8)] = lse8;
   }
 }
 

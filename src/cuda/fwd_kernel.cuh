@@ -10,6 +10,7 @@
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/paged_kv.cuh"
+#include "cuda/prologue.cuh"
 #include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 #include "cuda/softmax.cuh"
@@ -32,36 +33,32 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
   T* sV = sK + 2 * BN * LD;   // [2][BN][LD]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const TileCoord tc = scheduled_tile(p.window_right >= 0);
-  const int h = tc.head, n = tc.batch;
-  const int hk = h / p.group;
-  const SeqInfo sq = seq_info(p, n);
-  const int m0 = tc.block * BM;
-  if (m0 >= sq.rows_q) return;
+  const QueryTile<BM> qt(p, scheduled_tile(p.window_right >= 0));
+  const int h = qt.h, n = qt.n, m0 = qt.m0;
+  const SeqInfo& sq = qt.sq;
+  if (qt.outside()) return;
 
-  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+  T* out = qt.template q_rows<T>(p.out, p.out_st);
   const float sigma = sink_value(p, h);
-  if (m0 >= sq.len_q) {  // padding rows of a dense batch
-    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
+  if (qt.padding()) {  // padding rows of a dense batch
+    fwd_store_padding_rows(p, sq, n, h, out, m0, qt.rows(), sigma, tid, Tr::kThreads);
     return;
   }
 
   const Mask mk(p, sq);
-  const int m1 = min(m0 + BM, sq.len_q);
-  int k_lo, k_hi;
-  mk.key_range(m0, m1, k_lo, k_hi);
-  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+  int nb_lo, nb_hi;
+  qt.template key_blocks<BN>(mk, nb_lo, nb_hi);
 
-  const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
-  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
-  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+  const T* qg = qt.template q_rows<const T>(p.q, p.q_st);
+  const T* kg = qt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = qt.template kv_rows<const T>(p.v, p.v_st);
 
   load_tile_async<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
   if (nb_lo < nb_hi) {
     const int j0 = nb_lo * BN;
     if constexpr (kPaged) {
       load_kv_tiles_async<BN, HD, Tr::kThreads>(sK, sV, static_cast<const T*>(p.k), static_cast<const T*>(p.v),
-                                                KvRows(p, sq, n, hk), j0, 0, sq.len_kv - j0, p.d, p.d_v, tid);
+                                                KvRows(p, sq, n, qt.hk), j0, 0, sq.len_kv - j0, p.d, p.d_v, tid);
     } else {
       load_tile_async<BN, HD, Tr::kThreads>(sK, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, tid);
       load_tile_async<BN, HD, Tr::kThreads>(sV, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
@@ -90,7 +87,7 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
       if constexpr (kPaged) {
         load_kv_tiles_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, sV + (buf ^ 1) * BN * LD,
                                                   static_cast<const T*>(p.k), static_cast<const T*>(p.v),
-                                                  KvRows(p, sq, n, hk), j1, 0, sq.len_kv - j1, p.d, p.d_v, tid);
+                                                  KvRows(p, sq, n, qt.hk), j1, 0, sq.len_kv - j1, p.d, p.d_v, tid);
       } else {
         load_tile_async<BN, HD, Tr::kThreads>(sK + (buf ^ 1) * BN * LD, kg + j1 * p.k_st.s, p.k_st.s, sq.len_kv - j1,
                                               p.d, tid);

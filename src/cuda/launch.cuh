@@ -4,7 +4,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/bwd_kernel.cuh"
@@ -22,41 +21,17 @@ inline cudaError_t prepare_smem(Kernel kernel, int smem) {
   return cudaSuccess;
 }
 
-// The Hopper kernels (hopper/fwd_sm90.cuh, hopper/bwd_dkdv_sm90.cuh) run when the library carries sm_90a code
-// (CMake defines SINKATTN_CUDA_SM90A when CMAKE_CUDA_ARCHITECTURES lists 90a), the device is compute capability
-// 9.0, the tile is 64 or 128 and the call has neither bias nor dropout; the dK dV kernel also needs dQ fused
-// (deterministic = 0). SINKATTN_CUDA_NO_SM90=1 in the environment turns both off (for comparisons).
-inline bool use_sm90(const Params& p, int hd) {
-#ifdef SINKATTN_CUDA_SM90A
-  if ((hd != 64 && hd != 128) || p.bias != nullptr || p.dropout) return false;
-  static const bool off = std::getenv("SINKATTN_CUDA_NO_SM90") != nullptr;
-  if (off) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
-#else
-  (void)p, (void)hd;
-  return false;
-#endif
-}
-
 // Tensor map of a q / k / v-like tensor for the Hopper kernels' TMA loads: 4-d (cols, rows, heads, nb) of 16-bit
 // elements with the row / head / batch strides of `st`, box 64 x box_rows x 1 x 1 with 128-byte swizzle (the
 // row-panel layout of sm90_common.cuh), out-of-bounds elements read as zeros; dense: rows = the per-batch extent,
 // nb = b; varlen: rows = the packed total, nb = 1. The driver's encoder is looked up once through the runtime (no
 // link against libcuda). Returns false where a map cannot be made (encoder missing, a stride of 0, or the driver
-// refusing the description); the kernels then load through cp.async. SINKATTN_CUDA_NO_TMA=1 in the environment
-// does the same (for comparisons).
+// refusing the description); the kernels then load through cp.async. Whether to try at all is the dispatch's
+// (KernelChoice::fwd_tma / dkdv_tma; SINKATTN_CUDA_NO_TMA=1 turns it off, dispatch.hpp).
 template <typename T>
 inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t rows, int heads, int64_t nb,
                           const RowStrides3& st, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-    if (std::getenv("SINKATTN_CUDA_NO_TMA") != nullptr) return nullptr;
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult res{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &res) !=
@@ -92,28 +67,27 @@ inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t r
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The launchers run the kernel the dispatch chose (dispatch.cpp: KernelChoice); a choice this tile has no kernel
+// for is an internal error (cudaErrorInvalidValue).
+
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
 template <typename T, int HD, int NC>
-cudaError_t launch_fwd_ws(const Params& p, cudaStream_t stream) {
+cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using TrW = sm90::FwdWsTraits<HD, NC>;
   cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD, NC>, TrW::kSmem);
   if (e != cudaSuccess) return e;
   sm90::Sm90FwdTma tma{};
   const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
   const int64_t nb = p.varlen ? 1 : p.b;
-  tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
+  tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
            make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, TrW::kBlockN) &&
            make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, TrW::kBlockN);
-  // Persistent blocks (one per SM) walk the tiles in longest-first order; SINKATTN_CUDA_FWD_WS_PERSISTENT=0 launches
-  // one block per tile instead (A/B).
+  // Persistent blocks (one per SM) walk the tiles in longest-first order, or one block per tile
+  // (kc.fwd_persistent, SINKATTN_CUDA_FWD_WS_PERSISTENT in dispatch.hpp).
   const int64_t tiles = static_cast<int64_t>((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM) * p.h_q * p.b;
   if (tiles == 0) return cudaSuccess;
-  static const bool persistent = [] {
-    const char* e = std::getenv("SINKATTN_CUDA_FWD_WS_PERSISTENT");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
   int64_t blocks = tiles;
-  if (persistent) {
+  if (kc.fwd_persistent) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
       return cudaGetLastError();
@@ -126,78 +100,69 @@ cudaError_t launch_fwd_ws(const Params& p, cudaStream_t stream) {
 }
 
 template <typename T, int HD>
-cudaError_t launch_fwd(const Params& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using Tr = FwdTraits<HD>;
   const int mblocks = (p.s_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (mblocks == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(mblocks, p.h_q, p.b);
-  if (p.page_table != nullptr) {
-    // Paged KV (SPEC 1; validation refuses bias and dropout with a page table): the sm_80 kernel reading K / V rows
-    // through the page table. The Hopper forward stays off for paged calls: its TMA tensor maps describe contiguous
-    // rows, not pages. At most 2 blocks per SM: the per-row page lookups need registers (fewer spills).
-    constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
-    cudaError_t e = prepare_smem(fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true>, Tr::kSmem);
-    if (e != cudaSuccess) return e;
-    fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-    return cudaGetLastError();
-  }
-  if constexpr (HD == 64 || HD == 128) {
-    // A window that leaves each block of 128 query rows fewer than 512 keys (128 + window_left + window_right)
-    // stays on the sm_80 kernel: the Hopper kernel, one or two blocks per SM, then spends much of a block in its
-    // pipeline's prologue (H200, GPT-OSS sliding layer, window 127: 0.166 ms sm_80 vs 0.187 ms Hopper).
-    const bool short_window =
-        p.window_left >= 0 && p.window_right >= 0 && int64_t{Tr::kBlockM} + p.window_left + p.window_right < 512;
-    // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): opt-in with SINKATTN_CUDA_FWD_WS=1 (2 consumer
-    // warpgroups) or =3 (3 consumer warpgroups, head dim 64) until it has been measured against fwd_sm90.
-    static const int ws = [] {
-      const char* e = std::getenv("SINKATTN_CUDA_FWD_WS");
-      return e == nullptr ? 0 : std::atoi(e);
-    }();
-    // SINKATTN_CUDA_FWD_WS_SHORT=1: the warp-specialised forward takes short windows too (A/B of the rule above).
-    static const bool ws_short = std::getenv("SINKATTN_CUDA_FWD_WS_SHORT") != nullptr;
-    if ((!short_window || ws_short) && ws > 0 && use_sm90(p, HD)) {
-      if constexpr (HD == 64) {
-        if (ws == 3) return launch_fwd_ws<T, HD, 3>(p, stream);
+  switch (kc.fwd) {
+    case FwdKernel::kSm90:
+      if constexpr (tiles::has_sm90(HD)) {
+        using Tr90 = sm90::FwdSm90Traits<HD>;
+        static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");
+        cudaError_t e = prepare_smem(sm90::fwd_sm90_kernel<T, HD>, Tr90::kSmem);
+        if (e != cudaSuccess) return e;
+        sm90::Sm90FwdTma tma{};
+        const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
+        const int64_t nb = p.varlen ? 1 : p.b;
+        tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
+                 make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, Tr90::kBlockN) &&
+                 make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, Tr90::kBlockN);
+        sm90::fwd_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+        return cudaGetLastError();
       }
-      return launch_fwd_ws<T, HD, 2>(p, stream);
-    }
-    if (!short_window && use_sm90(p, HD)) {
-      using Tr90 = sm90::FwdSm90Traits<HD>;
-      static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");
-      cudaError_t e = prepare_smem(sm90::fwd_sm90_kernel<T, HD>, Tr90::kSmem);
+      return cudaErrorInvalidValue;
+    case FwdKernel::kSm90Ws:
+      if constexpr (tiles::has_sm90(HD)) {
+        if constexpr (HD == 64) {
+          if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3>(p, kc, stream);
+        }
+        return launch_fwd_ws<T, HD, 2>(p, kc, stream);
+      }
+      return cudaErrorInvalidValue;
+    case FwdKernel::kSm80Paged: {
+      // Paged KV (SPEC 1; validation refuses bias and dropout with a page table): the sm_80 kernel reading K / V rows
+      // through the page table. At most 2 blocks per SM: the per-row page lookups need registers (fewer spills).
+      constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
+      cudaError_t e = prepare_smem(fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true>, Tr::kSmem);
       if (e != cudaSuccess) return e;
-      sm90::Sm90FwdTma tma{};
-      const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
-      const int64_t nb = p.varlen ? 1 : p.b;
-      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
-               make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, Tr90::kBlockN) &&
-               make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, Tr90::kBlockN);
-      sm90::fwd_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+      fwd_kernel<T, HD, false, kMinB, Tr::kBlockN, true><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+      return cudaGetLastError();
+    }
+    case FwdKernel::kDecode:
+      return cudaErrorInvalidValue;  // cuda_backend.cu runs the decode kernels (decode/decode.hpp)
+    case FwdKernel::kSm80Extra: {  // bias / dropout variant: at most 2 blocks per SM (fewer spills)
+      constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
+      cudaError_t e = prepare_smem(fwd_kernel<T, HD, true, kMinB>, Tr::kSmem);
+      if (e != cudaSuccess) return e;
+      fwd_kernel<T, HD, true, kMinB><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+      return cudaGetLastError();
+    }
+    case FwdKernel::kSm80: {
+      constexpr int kBN = tiles::fwd_block_n_lean(HD);
+      constexpr int smem = (Tr::kBlockM + 4 * kBN) * Tr::kStride * 2;
+      cudaError_t e = prepare_smem(fwd_kernel<T, HD, false, Tr::kMinBlocks, kBN>, smem);
+      if (e != cudaSuccess) return e;
+      fwd_kernel<T, HD, false, Tr::kMinBlocks, kBN><<<grid, Tr::kThreads, smem, stream>>>(p);
       return cudaGetLastError();
     }
   }
-  if (p.bias != nullptr || p.dropout) {  // bias / dropout variant: at most 2 blocks per SM (fewer spills)
-    constexpr int kMinB = Tr::kMinBlocks < 2 ? Tr::kMinBlocks : 2;
-    cudaError_t e = prepare_smem(fwd_kernel<T, HD, true, kMinB>, Tr::kSmem);
-    if (e != cudaSuccess) return e;
-    fwd_kernel<T, HD, true, kMinB><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-  } else if constexpr (HD == 128) {
-    // Head dim 128 without bias / dropout: 64 keys per step (measured 277 vs 257 TFLOP/s on the MHA bench
-    // shape, bench/RESULTS.md); the bias / dropout variant keeps FwdTraits' 32 (fewer spills).
-    constexpr int smem = (Tr::kBlockM + 4 * 64) * Tr::kStride * 2;
-    cudaError_t e = prepare_smem(fwd_kernel<T, HD, false, Tr::kMinBlocks, 64>, smem);
-    if (e != cudaSuccess) return e;
-    fwd_kernel<T, HD, false, Tr::kMinBlocks, 64><<<grid, Tr::kThreads, smem, stream>>>(p);
-  } else {
-    cudaError_t e = prepare_smem(fwd_kernel<T, HD, false>, Tr::kSmem);
-    if (e != cudaSuccess) return e;
-    fwd_kernel<T, HD, false><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, int HD>
-cudaError_t launch_bwd_dq(const Params& p, cudaStream_t stream) {
+cudaError_t launch_bwd_dq(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
+  (void)kc;
   using Tr = DqTraits<HD>;
   const int mblocks = (p.s_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (mblocks == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;
@@ -208,43 +173,52 @@ cudaError_t launch_bwd_dq(const Params& p, cudaStream_t stream) {
 }
 
 template <typename T, int HD>
-cudaError_t launch_bwd_dkdv(const Params& p, cudaStream_t stream) {
+cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using Tr = DkvTraits<HD>;
   const int nblocks = (p.s_kv + Tr::kBlockN - 1) / Tr::kBlockN;
   if (nblocks == 0 || p.h_kv == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(nblocks, p.h_kv, p.b);
-  if constexpr (HD == 64 || HD == 128) {
-    if (p.ws_dq != nullptr && use_sm90(p, HD)) {
-      using Tr90 = sm90::DkvSm90Traits<HD>;
-      static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
-      cudaError_t e = prepare_smem(sm90::bwd_dkdv_sm90_kernel<T, HD>, Tr90::kSmem);
+  switch (kc.dkdv) {
+    case DkvKernel::kSm90:
+      if constexpr (tiles::has_sm90(HD)) {
+        using Tr90 = sm90::DkvSm90Traits<HD>;
+        static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
+        if (p.ws_dq == nullptr || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
+          return cudaErrorInvalidValue;
+        const auto kernel = kc.dq == DqPath::kFusedOrdered ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
+                                                           : sm90::bwd_dkdv_sm90_kernel<T, HD, false>;
+        cudaError_t e = prepare_smem(kernel, Tr90::kSmem);
+        if (e != cudaSuccess) return e;
+        sm90::Sm90Tma tma{};
+        const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
+        tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
+                 make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
+        kernel<<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+        return cudaGetLastError();
+      }
+      return cudaErrorInvalidValue;
+    case DkvKernel::kSm80Extra: {
+      cudaError_t e = prepare_smem(bwd_dkdv_kernel<T, HD, true>, Tr::kSmem);
       if (e != cudaSuccess) return e;
-      sm90::Sm90Tma tma{};
-      const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
-      tma.ok = make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
-               make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
-      sm90::bwd_dkdv_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+      bwd_dkdv_kernel<T, HD, true><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+      return cudaGetLastError();
+    }
+    case DkvKernel::kSm80: {
+      cudaError_t e = prepare_smem(bwd_dkdv_kernel<T, HD, false>, Tr::kSmem);
+      if (e != cudaSuccess) return e;
+      bwd_dkdv_kernel<T, HD, false><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
       return cudaGetLastError();
     }
   }
-  if (p.bias != nullptr || p.dropout) {
-    cudaError_t e = prepare_smem(bwd_dkdv_kernel<T, HD, true>, Tr::kSmem);
-    if (e != cudaSuccess) return e;
-    bwd_dkdv_kernel<T, HD, true><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-  } else {
-    cudaError_t e = prepare_smem(bwd_dkdv_kernel<T, HD, false>, Tr::kSmem);
-    if (e != cudaSuccess) return e;
-    bwd_dkdv_kernel<T, HD, false><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
-#define SINKATTN_CUDA_INSTANTIATE(HD)                                                       \
-  template cudaError_t launch_fwd<__half, HD>(const Params&, cudaStream_t);               \
-  template cudaError_t launch_fwd<__nv_bfloat16, HD>(const Params&, cudaStream_t);        \
-  template cudaError_t launch_bwd_dq<__half, HD>(const Params&, cudaStream_t);            \
-  template cudaError_t launch_bwd_dq<__nv_bfloat16, HD>(const Params&, cudaStream_t);     \
-  template cudaError_t launch_bwd_dkdv<__half, HD>(const Params&, cudaStream_t);          \
-  template cudaError_t launch_bwd_dkdv<__nv_bfloat16, HD>(const Params&, cudaStream_t);
+#define SINKATTN_CUDA_INSTANTIATE(HD)                                                                      \
+  template cudaError_t launch_fwd<__half, HD>(const Params&, const KernelChoice&, cudaStream_t);           \
+  template cudaError_t launch_fwd<__nv_bfloat16, HD>(const Params&, const KernelChoice&, cudaStream_t);    \
+  template cudaError_t launch_bwd_dq<__half, HD>(const Params&, const KernelChoice&, cudaStream_t);        \
+  template cudaError_t launch_bwd_dq<__nv_bfloat16, HD>(const Params&, const KernelChoice&, cudaStream_t); \
+  template cudaError_t launch_bwd_dkdv<__half, HD>(const Params&, const KernelChoice&, cudaStream_t);      \
+  template cudaError_t launch_bwd_dkdv<__nv_bfloat16, HD>(const Params&, const KernelChoice&, cudaStream_t);
 
 }  // namespace sinkattn::cuda

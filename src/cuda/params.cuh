@@ -4,11 +4,16 @@
 
 #include <cstdint>
 
+#include "common/rows.hpp"
+#include "common/seq.hpp"
+#include "common/sink.hpp"
+#include "cuda/tiles.hpp"
+#include "sinkattn/sinkattn.h"
+
 namespace sinkattn::cuda {
 
-struct RowStrides3 {
-  int64_t b, s, h;  // DESIGN.md "Row addressing": ptr[n * b + (start + i) * s + h_idx * h + col]
-};
+// (batch, row, head) strides of a q/k/v-like tensor (common/rows.hpp: row_offset).
+using RowStrides3 = sinkattn::RowStrides;
 
 struct Params {
   // ---- tensors (device pointers; nullptr when the plan marks them absent) ----
@@ -36,7 +41,7 @@ struct Params {
   int bias_f32;     // bias / d_bias are fp32 (else the dtype of q)
   int bias_shape_b, bias_shape_h;  // 1 (broadcast) or b / h_q
 
-  // ---- batch description (SPEC 1): int32 device tensors ----
+  // ---- batch description (SPEC 1): int32 device tensors; the members of common/seq.hpp's BatchTensors ----
   const int* cu_seqlens_q;
   const int* cu_seqlens_kv;
   const int* seqused_kv;
@@ -55,7 +60,7 @@ struct Params {
   int64_t rows_total_kv;                       // rows of k / v: b * s_kv (dense) or total_kv (varlen)
 
   // ---- options ----
-  int softmax_type;  // sinkattn_softmax_type_t
+  sinkattn_softmax_type_t softmax_type;
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   int window_left, window_right;  // < 0: unbounded
@@ -77,50 +82,27 @@ struct Params {
   float* ws_dp;        // [h_q][rows_total_q]: D_i - d_lse_i
   float* ws_dsink;     // [h_q][b][n_pre_blocks]: per-block partial sums of d_sinks
   float* ws_dbias;     // [b][h_q][s_q][s_kv]: dS (fp32), reduced over broadcast dims afterwards
-  float* ws_dq;        // [h_q][rows_total_q][d]: fp32 sum_j dS_ij k_j (atomics; non-deterministic mode only)
+  float* ws_dq;        // [h_q][rows_total_q][d]: fp32 sum_j dS_ij k_j (the fused dq: atomics, or ordered)
   int n_pre_blocks;
+  // Deterministic fused dq (DqPath::kFusedOrdered, dq_order.hpp): [0] the ticket counter, then one semaphore per
+  // (sequence, KV head, query block of 64 rows); zeroed by the launch sequence before the dK dV kernel.
+  unsigned* ws_dq_sem;
 };
 
-// One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths").
-struct SeqInfo {
-  int64_t q_start, kv_start;  // first global row (varlen) or 0 (dense)
-  int len_q, len_kv;          // actual query rows / keys used
-  int rows_q, rows_kv;        // rows this sequence owns in q/out/dq and k/v/dk/dv (dense: s_q, s_kv)
-};
+// One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).
+using SeqInfo = SeqSpan<int>;
 
-__device__ __forceinline__ SeqInfo seq_info(const Params& p, int n) {
-  SeqInfo s;
-  if (p.varlen) {
-    const int q0 = p.cu_seqlens_q[n * p.cu_q_st], q1 = p.cu_seqlens_q[(n + 1) * p.cu_q_st];
-    s.q_start = q0;
-    s.len_q = q1 - q0;
-    s.rows_q = s.len_q;
-    if (p.page_table == nullptr) {
-      const int k0 = p.cu_seqlens_kv[n * p.cu_kv_st], k1 = p.cu_seqlens_kv[(n + 1) * p.cu_kv_st];
-      s.kv_start = k0;
-      s.rows_kv = k1 - k0;
-      s.len_kv = p.seqused_kv ? min(p.seqused_kv[n * p.seqused_st], s.rows_kv) : s.rows_kv;
-    }
-  } else {
-    s.q_start = 0;
-    s.kv_start = 0;
-    s.rows_q = p.s_q;
-    s.rows_kv = p.s_kv;
-    s.len_q = p.seqlens_q ? min(p.seqlens_q[n * p.seqlens_q_st], p.s_q) : p.s_q;
-    s.len_kv = p.seqlens_kv ? min(p.seqlens_kv[n * p.seqlens_kv_st], p.s_kv) : p.s_kv;
-  }
-  if (p.page_table != nullptr) {  // paged KV: the sequence's keys are seqused_kv[n] rows of its pages
-    s.kv_start = 0;
-    s.len_kv = s.rows_kv = min(p.seqused_kv[n * p.seqused_st], p.s_kv);
-  }
-  return s;
+__device__ __forceinline__ SeqInfo seq_info(const Params& p, int n) { return seq_span<int>(p, n); }
+
+// sigma of SPEC 2 for query head h (common/sink.hpp).
+__device__ __forceinline__ float sink_value(const Params& p, int h) {
+  return sink_sigma(p.softmax_type, p.sinks, p.sinks_stride, h);
 }
 
-// sigma of SPEC 2 for query head h: sinks[h] (learnable), 0 (off_by_one), -inf (vanilla).
-__device__ __forceinline__ float sink_value(const Params& p, int h) {
-  if (p.softmax_type == 2) return p.sinks[h * p.sinks_stride];
-  if (p.softmax_type == 1) return 0.f;
-  return -INFINITY;
+// Element offset of (n, global row, head h) of a q/k/v-like tensor (common/rows.hpp), and the row pointer.
+template <typename T, typename V>
+__device__ __forceinline__ T* row_ptr(V* base, const RowStrides3& st, int n, int64_t row, int h) {
+  return static_cast<T*>(base) + row_offset(st, n, row, h);
 }
 
 // Index of the per-row workspace arrays for (n, i).
@@ -134,12 +116,13 @@ __device__ __forceinline__ int64_t ws_row(const Params& p, const SeqInfo& s, int
 template <int HD>
 struct FwdTraits {
   static constexpr int kWarps = 4;
-  static constexpr int kMT = HD <= 128 ? 2 : 1;
+  static constexpr int kMT = tiles::fwd_m_tiles(HD);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = 16 * kMT * kWarps;
+  static_assert(kBlockM == tiles::fwd_block_m(HD), "tiles.hpp");
   // 32 above 64 (the S tile fits beside a 32-row O accumulator), except the head-dim-128 variant without bias /
-  // dropout, which launch.cuh runs with 64 (measured faster despite a few spilled registers).
-  static constexpr int kBlockN = HD <= 64 ? 64 : 32;
+  // dropout, which launch.cuh runs with tiles::fwd_block_n_lean = 64 (measured faster despite a few spills).
+  static constexpr int kBlockN = tiles::fwd_block_n(HD);
   static constexpr int kStride = HD + 8;
   static constexpr int kMinBlocks = HD == 64 ? 3 : (HD <= 128 ? 2 : 1);  // __launch_bounds__ min blocks per SM
   // Q + double-buffered K and V
@@ -151,7 +134,8 @@ struct DqTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = 16 * kWarps;
-  static constexpr int kBlockN = HD <= 128 ? 64 : 32;
+  static_assert(kBlockM == tiles::dq_block_m(HD), "tiles.hpp");
+  static constexpr int kBlockN = tiles::dq_block_n(HD);
   static constexpr int kStride = HD + 8;
   // Q, dO + double-buffered K and V
   static constexpr int kSmem = (2 * kBlockM + 4 * kBlockN) * kStride * 2;
@@ -162,10 +146,11 @@ struct DqTraits {
 // shared memory (sdS [BLOCK_N keys][BLOCK_M + 8]) and dQ += dS K is added to the fp32 accumulator with atomics.
 template <int HD>
 struct DkvTraits {
-  static constexpr int kWarps = HD <= 128 ? 8 : 4;
+  static constexpr int kWarps = tiles::dkdv_warps(HD);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;
-  static constexpr int kBlockM = HD <= 128 ? 64 : 32;
+  static_assert(kBlockN == tiles::dkdv_block_n(HD), "tiles.hpp");
+  static constexpr int kBlockM = tiles::dkdv_block_m(HD);
   static constexpr int kStride = HD + 8;
   static constexpr int kStrideS = kBlockM + 8;  // sdS row stride (elements)
   static constexpr int kSmem =

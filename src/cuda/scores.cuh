@@ -34,21 +34,16 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
   }
   if (!has_bias) {
     // Edge tile without bias: each of the thread's two fragment rows sees one contiguous column range
-    // [lo, hi) (the mask of SPEC 2 is a band), computed once per row; then two compares per element.
+    // [lo, hi) (the mask of SPEC 2 is a band, common/mask.hpp), computed once per row in 64 bits; then two
+    // compares per element.
     int lo[2], hi[2];
+    const BandMask<int64_t> wide(mk);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int r = row0 + g + 8 * rr;
+      const int64_t r = row0 + g + 8 * rr;
       int64_t a = 0, b = 0;
-      if (!kTransposed && r < mk.len_q) {  // row = query i: keys j with i + off - wl <= j <= i + off + wr
-        a = mk.wl < 0 ? 0 : static_cast<int64_t>(r) + mk.off - mk.wl;
-        b = mk.wr < 0 ? mk.len_kv : min(static_cast<int64_t>(mk.len_kv), static_cast<int64_t>(r) + mk.off + mk.wr + 1);
-      } else if (kTransposed && r < mk.len_kv) {  // row = key j: queries i with j - off - wr <= i <= j - off + wl
-        a = mk.wr < 0 ? 0 : static_cast<int64_t>(r) - mk.off - mk.wr;
-        b = mk.wl < 0 ? mk.len_q : min(static_cast<int64_t>(mk.len_q), static_cast<int64_t>(r) - mk.off + mk.wl + 1);
-      }
-      a = max(a, static_cast<int64_t>(0));
-      if (b < a) b = a;
+      if (!kTransposed && r < mk.len_q) wide.key_range(r, r + 1, a, b);         // row = query i: its keys
+      else if (kTransposed && r < mk.len_kv) wide.query_range(r, r + 1, a, b);  // row = key j: its queries
       lo[rr] = static_cast<int>(a);
       hi[rr] = static_cast<int>(b);
     }

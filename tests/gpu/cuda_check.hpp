@@ -1,4 +1,5 @@
-// CUDA runtime error check for the GPU test and benchmark programs: prints the error and the call, exits with 2.
+// CUDA runtime error check for the GPU test and benchmark programs (gpu_bench.cpp, gpu_determinism.cpp,
+// gpu_decode.cpp, gpu_bench_decode.cu): prints the error and the call, exits with status 2. CK(expr) is the short name.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,3 +15,5 @@
       std::exit(2);                                                                                           \
     }                                                                                                         \
   } while (0)
+
+#define CK(expr) SINKATTN_TEST_CUDA_OK(expr)

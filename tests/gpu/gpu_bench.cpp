@@ -1,7 +1,8 @@
 // Timing of the CUDA backend through the C ABI (used by tools/gpu-check.sh next to `sinkattn bench`):
 // bf16, b = 2, s = 4096, causal, the shapes of bench/RESULTS.md. CUDA events around `reps` calls after
 // warm-up, inputs rotated over several sets so they are not all in L2. FLOPs (NOTES-kernels.md):
-// forward 4 * b * h_q * d * (visible pairs), backward 2.5x that.
+// forward 4 * b * h_q * d * (visible pairs), backward 2.5x that. "det" columns: the deterministic backward
+// (deterministic = 1) and its speed relative to the default one (bwd ms / bwd det ms; issue 12's target >= 0.85).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,16 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
-
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 namespace {
 struct Shape {
@@ -62,8 +55,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);
-  std::printf("%-16s %10s %10s %10s %10s %10s %12s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms",
-              "bwd det ms");
+  std::printf("%-16s %10s %10s %10s %10s %10s %12s %8s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
+              "f+b ms", "bwd det ms", "det x");
   std::mt19937 rng(1);
   for (const Shape& sh : shapes) {
     if (std::string(sh.name).find(only) == std::string::npos) continue;
@@ -110,13 +103,16 @@ int main(int argc, char** argv) {
       p.d_out = t4(dout[i], SINKATTN_BF16, sh.b, sh.s, sh.h_q, sh.d);
     };
     set(0);
-    size_t wsf = 0, wsb = 0;
-    if (sinkattn_forward_workspace_size(&p, &wsf) || sinkattn_backward_workspace_size(&p, &wsb)) {
+    size_t wsf = 0, wsb = 0, wsb_det = 0;
+    p.deterministic = 1;  // the deterministic backward's workspace (its dq semaphores) may be the larger one
+    const bool det_ok = sinkattn_backward_workspace_size(&p, &wsb_det) == SINKATTN_OK;
+    p.deterministic = 0;
+    if (!det_ok || sinkattn_forward_workspace_size(&p, &wsf) || sinkattn_backward_workspace_size(&p, &wsb)) {
       std::printf("%s: %s\n", sh.name, sinkattn_last_error());
       continue;
     }
     void* ws = nullptr;
-    const size_t wsz = std::max(wsf, wsb);
+    const size_t wsz = std::max({wsf, wsb, wsb_det});
     if (wsz) CK(cudaMalloc(&ws, wsz));
     p.workspace = ws;
     p.workspace_bytes = wsz;
@@ -150,8 +146,8 @@ int main(int argc, char** argv) {
     p.deterministic = 1;  // the atomic-free backward, for comparison
     const float bd = time_it(true);
     p.deterministic = 0;
-    std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %10.3f %12.3f\n", sh.name, f, fwd_flop / f * 1e-9, b,
-                2.5 * fwd_flop / b * 1e-9, f + b, bd);
+    std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %10.3f %12.3f %8.3f\n", sh.name, f, fwd_flop / f * 1e-9, b,
+                2.5 * fwd_flop / b * 1e-9, f + b, bd, b / bd);
     for (int i = 0; i < kSets; ++i) {
       cudaFree(q[i]);
       cudaFree(k[i]);

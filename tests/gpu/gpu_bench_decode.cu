@@ -23,7 +23,6 @@
 #include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
-#define CK(expr) SINKATTN_TEST_CUDA_OK(expr)
 
 namespace {
 

@@ -338,7 +338,9 @@ def test_cuda_graph_capture_and_replay(varlen):
                                      deterministic=True)
         return (out,) + torch.autograd.grad(out.float().square().sum(), [q, k, v, sinks])
 
-    eager = step()
+    # detached: an eager result that keeps its autograd graph alive keeps the leaves' AccumulateGrad nodes made on
+    # the default stream, which the captured backward would then have to synchronise with (capture error)
+    eager = tuple(x.detach() for x in step())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -357,7 +359,7 @@ def test_cuda_graph_capture_and_replay(varlen):
             x.mul_(0.5)
     graph.replay()
     torch.cuda.synchronize()
-    fresh = step()
+    fresh = tuple(x.detach() for x in step())
     for a, b in zip(static, fresh):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

@@ -45,15 +45,8 @@ DecodePlan plan_decode(const Call& c) {
     d.why_not = std::move(why);
     return d;
   };
-  if (c.pass != Pass::kForward) return no("backward");
-  if (c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16) return no("dtype is not fp16 / bf16");
-  if (c.plan.bias == Use::kRequired || c.plan.dropout) return no("bias or dropout");
-  if (c.s_q > kDecodeMaxQueries)
-    return no("more than " + std::to_string(kDecodeMaxQueries) + " query rows per sequence (s_q / max_seqlen_q = " +
-              std::to_string(c.s_q) + ")");
+  if (std::string why = decode_unsupported(c); !why.empty()) return no(std::move(why));  // decode_rules.hpp
   const int64_t dmax = std::max(c.d, c.d_v);
-  if (dmax > 128) return no("head dim above 128");
-  if (c.b > 65535 || c.h_kv > 65535) return no("b or h_kv above 65535 (grid dimensions)");
   d.hd = dmax <= 64 ? 64 : 128;
   const int64_t packed = std::max<int64_t>(c.s_q, 1) * c.group;  // (query row, head of the group) rows
   d.config = packed <= 16 ? 0 : packed <= 32 ? 1 : packed <= 64 ? 2 : 3;

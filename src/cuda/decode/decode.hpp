@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/call.hpp"
+#include "cuda/decode/decode_rules.hpp"
 #include "cuda/params.cuh"
 
 namespace sinkattn::cuda {
@@ -33,7 +34,6 @@ struct DecodePlan {
 // can see and the device's SM count and shared memory: the fewest splits whose waves of resident CTAs are within
 // 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
 // keys) or the CTAs already make 4 waves.
-constexpr int kDecodeMaxQueries = 16;
 DecodePlan plan_decode(const Call& c);
 
 // Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q).

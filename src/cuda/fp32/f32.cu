@@ -40,8 +40,6 @@ Status supports(const Call& c) {
                        std::to_string(c.b) + ", h_q = " + std::to_string(c.h_q));
   if (c.s_q > (int64_t(1) << 31) - kThreads || c.s_kv > (int64_t(1) << 31) - kThreads)
     return unsupported("cuda backend (fp32): sequence lengths above 2^31 - 128 are not supported");
-  if (c.paged.on)
-    return unsupported("cuda backend (fp32): page_table (paged KV) runs on fp16 / bf16 only (the CPU backend runs fp32)");
   if (c.plan.bias == Use::kRequired && c.bias_dtype != SINKATTN_F32)
     return unsupported("cuda backend (fp32): bias must be fp32");
   if (c.pass == Pass::kBackward && c.plan.d_bias == Use::kRequired && bias_broadcasts(c) &&

@@ -18,7 +18,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/mask.hpp"
+#include "common/rows.hpp"
+#include "common/seq.hpp"
 #include "common/sink.hpp"
+#include "core/kv_rows.hpp"
 #include "core/philox.hpp"
 
 #if defined(__CUDACC__)
@@ -35,14 +39,14 @@ constexpr int kRowChunk = 8;
 constexpr int kThreads = 128;       // threads per block of the row / key kernels
 constexpr int kReduceThreads = 256; // threads of the d_sinks reduction block
 
-// DESIGN.md "Row addressing": element (n, row, head, col) is ptr[n * b + row * s + head * h + col].
-struct Rows {
-  int64_t b = 0, s = 0, h = 0;
-};
+// DESIGN.md "Row addressing" (common/rows.hpp): element (n, row, head, col) is ptr[row_offset(st, n, row, head) + col].
+using Rows = sinkattn::RowStrides;
 
 // The kernel-side call (filled from sinkattn::Call by make_kparams, f32_params.hpp). Pointers are device
-// pointers on the GPU (host pointers in the host emulation); absent tensors are nullptr.
-struct KParams {
+// pointers on the GPU (host pointers in the host emulation); absent tensors are nullptr. The batch description
+// (SPEC.md 1: the int32 batch tensors, in device memory on the GPU, and the extents s_q, s_kv) is common/seq.hpp's
+// BatchTensors.
+struct KParams : BatchTensors {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
@@ -59,7 +63,8 @@ struct KParams {
   const float* sinks = nullptr;
   int64_t sinks_st = 0, d_sinks_st = 0;
 
-  Rows q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;
+  Rows q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;  // paged: k_st / v_st = {page, row in page, head}
+  int64_t pt_n = 0, pt_p = 0, page_size = 1;  // paged KV (BatchTensors::page_table): page-table strides, page size
   int64_t lse_b = 0, lse_h = 0, lse_s = 0;
   int64_t dlse_b = 0, dlse_h = 0, dlse_s = 0;
   int64_t bias_b = 0, bias_h = 0, bias_i = 0, bias_j = 0;     // 0 on broadcast dims
@@ -70,21 +75,13 @@ struct KParams {
   float* ds_dst = nullptr;
   int64_t ds_b = 0, ds_h = 0, ds_i = 0, ds_j = 0;
 
-  // Batch description (SPEC.md 1): int32 tensors (device memory on the GPU).
-  const int32_t* cu_q = nullptr;
-  const int32_t* cu_kv = nullptr;
-  const int32_t* seqused_kv = nullptr;
-  const int32_t* seqlens_q = nullptr;
-  const int32_t* seqlens_kv = nullptr;
-  int64_t cu_q_st = 0, cu_kv_st = 0, seqused_st = 0, seqlens_q_st = 0, seqlens_kv_st = 0;
-  int varlen = 0;
 
-  // Sizes: s_q / s_kv are the dense extents or varlen max_seqlen_q / max_seqlen_kv.
-  int64_t b = 0, s_q = 0, s_kv = 0, h_q = 0, h_kv = 0, group = 1, d = 0, d_v = 0, total_q = 0, total_kv = 0;
+  // Sizes (s_q / s_kv, from BatchTensors: the dense extents or varlen max_seqlen_q / max_seqlen_kv).
+  int64_t b = 0, h_q = 0, h_kv = 0, group = 1, d = 0, d_v = 0, total_q = 0, total_kv = 0;
 
-  int softmax_type = 0;  // sinkattn_softmax_type_t
+  sinkattn_softmax_type_t softmax_type = SINKATTN_SOFTMAX_VANILLA;
   float scale = 1.f;     // softmax_scale
-  int64_t wl = -1, wr = -1;  // window_left / window_right (< 0 unbounded), clamped to 2^40
+  int64_t wl = -1, wr = -1;  // window_left / window_right (-1 unbounded; Call's clamp, common/mask.hpp)
   int align_br = 1;          // bottom-right alignment
 
   int dropout = 0;
@@ -103,69 +100,33 @@ struct KParams {
 
 // ---------------------------------------------------------------- sequences and masks
 
-// One sequence's place in the tensors (SPEC.md 1, DESIGN.md "Actual lengths"). Lengths are clamped to the
+// One sequence's place in the tensors (SPEC.md 1, DESIGN.md "Actual lengths"; common/seq.hpp), held inside the
 // extents the grids cover (s_q, s_kv), so a call that breaks the max_seqlen contract cannot index outside.
-struct Seq {
-  int64_t q0 = 0, kv0 = 0;        // first global row (varlen), 0 for dense
-  int64_t len_q = 0, len_kv = 0;  // actual query rows / keys used
-  int64_t rows_q = 0, rows_kv = 0;  // rows the sequence owns in q-like / k-like tensors
-};
-
-F32_HD int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+using Seq = SeqSpan<int64_t>;
 
 F32_HD Seq seq_of(const KParams& p, int64_t n) {
-  Seq s;
-  if (p.varlen) {
-    const int64_t q0 = p.cu_q[n * p.cu_q_st], q1 = p.cu_q[(n + 1) * p.cu_q_st];
-    const int64_t k0 = p.cu_kv[n * p.cu_kv_st], k1 = p.cu_kv[(n + 1) * p.cu_kv_st];
-    s.q0 = q0;
-    s.kv0 = k0;
-    s.rows_q = clamp64(q1 - q0, 0, p.s_q);
-    s.rows_kv = clamp64(k1 - k0, 0, p.s_kv);
-    s.len_q = s.rows_q;
-    s.len_kv = p.seqused_kv ? clamp64(p.seqused_kv[n * p.seqused_st], 0, s.rows_kv) : s.rows_kv;
-  } else {
-    s.rows_q = p.s_q;
-    s.rows_kv = p.s_kv;
-    s.len_q = p.seqlens_q ? clamp64(p.seqlens_q[n * p.seqlens_q_st], 0, p.s_q) : p.s_q;
-    s.len_kv = p.seqlens_kv ? clamp64(p.seqlens_kv[n * p.seqlens_kv_st], 0, p.s_kv) : p.s_kv;
-  }
-  return s;
+  return clamp_to_extents(seq_span<int64_t>(p, n), p.s_q, p.s_kv);
 }
 
-// SPEC.md 2, masks: off = len_kv - len_q (bottom_right) or 0 (top_left); key j is visible to query i iff
-//   0 <= j < len_kv and (wl < 0 or j >= i + off - wl) and (wr < 0 or j <= i + off + wr).
-// The visible keys of a row (and the visible rows of a key) form one contiguous range.
+// SPEC.md 2, masks (common/mask.hpp). keys / queries: the range of one row / one key, empty as [0, 0) so that a row
+// past the keys (lo > len_kv) never indexes beyond them.
 struct Mask {
-  int64_t off, wl, wr, len_q, len_kv;
-  F32_HD Mask(const KParams& p, const Seq& s)
-      : off(p.align_br ? s.len_kv - s.len_q : 0), wl(p.wl), wr(p.wr), len_q(s.len_q), len_kv(s.len_kv) {}
-  // Keys [lo, hi) visible to query row i (empty: lo = hi = 0).
+  BandMask<int64_t> m;
+  F32_HD Mask(const KParams& p, const Seq& s) : m(p.align_br != 0, p.wl, p.wr, s.len_q, s.len_kv) {}
+  // Keys [lo, hi) visible to query row i.
   F32_HD void keys(int64_t i, int64_t* lo, int64_t* hi) const {
-    int64_t a = 0, e = len_kv;
-    if (wl >= 0 && i + off - wl > a) a = i + off - wl;
-    if (wr >= 0 && i + off + wr + 1 < e) e = i + off + wr + 1;
-    if (e <= a) a = e = 0;  // empty: [0, 0), so a row past the keys (lo > len_kv) never indexes beyond them
-    *lo = a;
-    *hi = e;
+    m.key_range(i, i + 1, *lo, *hi);
+    if (*hi <= *lo) *lo = *hi = 0;
   }
-  // Query rows [lo, hi) that see key j: i >= j - off - wr and i <= j - off + wl, 0 <= i < len_q.
+  // Query rows [lo, hi) that see key j.
   F32_HD void queries(int64_t j, int64_t* lo, int64_t* hi) const {
-    int64_t a = 0, e = len_q;
-    if (wr >= 0 && j - off - wr > a) a = j - off - wr;
-    if (wl >= 0 && j - off + wl + 1 < e) e = j - off + wl + 1;
-    if (e <= a) a = e = 0;  // empty: [0, 0)
-    *lo = a;
-    *hi = e;
+    m.query_range(j, j + 1, *lo, *hi);
+    if (*hi <= *lo) *lo = *hi = 0;
   }
 };
 
-// sigma of SPEC.md 2: sinks[h] (learnable), 0 (off_by_one), -inf (vanilla). Never scaled.
-F32_HD float sink_of(const KParams& p, int64_t h) {
-  if (p.softmax_type == 2) return p.sinks[h * p.sinks_st];
-  if (p.softmax_type == 1) return 0.f;
-  return -INFINITY;
-}
+// sigma of SPEC.md 2 (common/sink.hpp). Never scaled.
+F32_HD float sink_of(const KParams& p, int64_t h) { return sink_sigma(p.softmax_type, p.sinks, p.sinks_st, h); }
 
 // ---------------------------------------------------------------- dropout (SPEC.md 2)
 // keep_ij / (1 - p) with idx = ((n * h_q + h) * max_s_q + i) * max_s_kv + j (max_s_q = s_q, max_s_kv = s_kv),
@@ -214,11 +175,19 @@ struct Dropout {
 //   acc = alpha acc + sum_j exp(S_ij - m') keep_ij / (1 - p) v_j
 // and out_i = acc / l, LSE_i = m + log(l) (l = 0: out = 0, LSE = -inf). A row with no visible key (or only -inf
 // logits) ends with out = 0, LSE = sigma; padding rows too.
+// Row of key j of sequence n (KV head kvh) in k or v (core/kv_rows.hpp: contiguous, varlen or through the page
+// table).
+F32_HD const float* kv_row(const KParams& p, const float* base, const Rows& st, int64_t n, const Seq& s, int64_t kvh,
+                           int64_t j) {
+  const KvRowIndex r = kv_row_index<int64_t>(p.page_table, p.pt_n, p.pt_p, p.page_size, n, s.kv_start, j, p.varlen != 0);
+  return base + r.b * st.b + r.s * st.s + kvh * st.h;
+}
+
 template <int HD>
 F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   const Seq s = seq_of(p, n);
   if (i >= s.rows_q) return;
-  const int64_t row = s.q0 + i;
+  const int64_t row = s.q_start + i;
   const float sigma = sink_of(p, h);
   float m = sigma;
   float l = sigma > -INFINITY ? 1.f : 0.f;
@@ -231,10 +200,8 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
     mask.keys(i, &lo, &hi);
     const int64_t kvh = h / p.group;
     float qr[HD];
-    const float* qp = p.q + n * p.q_st.b + row * p.q_st.s + h * p.q_st.h;
+    const float* qp = p.q + row_offset(p.q_st, n, row, h);
     for (int64_t c = 0; c < p.d; ++c) qr[c] = qp[c];
-    const float* kb = p.k + n * p.k_st.b + s.kv0 * p.k_st.s + kvh * p.k_st.h;
-    const float* vb = p.v + n * p.v_st.b + s.kv0 * p.v_st.s + kvh * p.v_st.h;
     const float* brow = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + i * p.bias_i : nullptr;
     Dropout drop(p);
     const uint64_t drow = p.dropout ? Dropout::index(p, n, h, i, 0) : 0;
@@ -245,14 +212,21 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
       const int ja = static_cast<int>(lo > j0 ? lo - j0 : 0);
       const int je = static_cast<int>(hi - j0 < kKeyChunk ? hi - j0 : kKeyChunk);
       float sc[kKeyChunk];
+      const float* kr[kKeyChunk];  // the chunk's key and value rows (kv_row; invisible ones are never read)
+      const float* vr[kKeyChunk];
 #pragma unroll
-      for (int jj = 0; jj < kKeyChunk; ++jj) sc[jj] = 0.f;
+      for (int jj = 0; jj < kKeyChunk; ++jj) {
+        sc[jj] = 0.f;
+        const bool vis = jj >= ja && jj < je;
+        kr[jj] = vis ? kv_row(p, p.k, p.k_st, n, s, kvh, j0 + jj) : p.k;
+        vr[jj] = vis ? kv_row(p, p.v, p.v_st, n, s, kvh, j0 + jj) : p.v;
+      }
       // dot(q_i, k_j) for the chunk's visible keys; the other rows are not read.
       for (int64_t c = 0; c < p.d; ++c) {
         const float qc = qr[c];
 #pragma unroll
         for (int jj = 0; jj < kKeyChunk; ++jj)
-          if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kb[(j0 + jj) * p.k_st.s + c], sc[jj]);
+          if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kr[jj][c], sc[jj]);
       }
       float mx = m;
 #pragma unroll
@@ -283,16 +257,16 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
         float a = acc[c] * alpha;
 #pragma unroll
         for (int jj = 0; jj < kKeyChunk; ++jj)
-          if ((jj >= ja && jj < je)) a = fmaf(pw[jj], vb[(j0 + jj) * p.v_st.s + c], a);
+          if ((jj >= ja && jj < je)) a = fmaf(pw[jj], vr[jj][c], a);
         acc[c] = a;
       }
     }
   }
 
   const float inv = l > 0.f ? 1.f / l : 0.f;
-  float* o = p.out + n * p.out_st.b + row * p.out_st.s + h * p.out_st.h;
+  float* o = p.out + row_offset(p.out_st, n, row, h);
   for (int64_t c = 0; c < p.d_v; ++c) o[c] = acc[c] * inv;
-  p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s] = l > 0.f ? m + logf(l) : -INFINITY;
+  p.lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, row)] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
 // Forward: rng_state = {seed, offset} (from rng_seed_offset when given, otherwise the scalars).
@@ -318,16 +292,16 @@ F32_HD void preprocess_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
     if (p.ws_dsink) p.ws_dsink[w] = 0.f;
     return;
   }
-  const int64_t row = s.q0 + i;
-  const float* o = p.out + n * p.out_st.b + row * p.out_st.s + h * p.out_st.h;
-  const float* g = p.d_out + n * p.dout_st.b + row * p.dout_st.s + h * p.dout_st.h;
+  const int64_t row = s.q_start + i;
+  const float* o = p.out + row_offset(p.out_st, n, row, h);
+  const float* g = p.d_out + row_offset(p.dout_st, n, row, h);
   float D = 0.f;
   for (int64_t c = 0; c < p.d_v; ++c) D = fmaf(g[c], o[c], D);
-  const float dlse = p.d_lse ? p.d_lse[n * p.dlse_b + h * p.dlse_h + row * p.dlse_s] : 0.f;
+  const float dlse = p.d_lse ? p.d_lse[lse_offset(p.dlse_b, p.dlse_h, p.dlse_s, n, h, row)] : 0.f;
   p.ws_dm[w] = D - dlse;
   if (p.ws_dsink) {
     const float sigma = sink_of(p, h);
-    const float lse = p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s];
+    const float lse = p.lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, row)];
     const float psink = sink_probability(sigma, lse);
     p.ws_dsink[w] = psink * (dlse - D);
   }
@@ -351,13 +325,13 @@ template <int HD>
 F32_HD void dq_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   const Seq s = seq_of(p, n);
   if (i >= s.rows_q) return;
-  const int64_t row = s.q0 + i;
-  float* dq = p.dq + n * p.dq_st.b + row * p.dq_st.s + h * p.dq_st.h;
+  const int64_t row = s.q_start + i;
+  float* dq = p.dq + row_offset(p.dq_st, n, row, h);
   float* ds = p.ds_dst ? p.ds_dst + n * p.ds_b + h * p.ds_h + i * p.ds_i : nullptr;
   int64_t lo = 0, hi = 0;
   float lse = -INFINITY;
   if (i < s.len_q) {
-    lse = p.lse[n * p.lse_b + h * p.lse_h + row * p.lse_s];
+    lse = p.lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, row)];
     if (lse != -INFINITY) Mask(p, s).keys(i, &lo, &hi);
   }
   if (ds) {  // dS = 0 outside the visible keys (and on padding rows): d_bias is written, not accumulated
@@ -370,16 +344,16 @@ F32_HD void dq_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   }
   const int64_t kvh = h / p.group;
   float qr[HD], gr[HD], acc[HD];
-  const float* qp = p.q + n * p.q_st.b + row * p.q_st.s + h * p.q_st.h;
-  const float* gp = p.d_out + n * p.dout_st.b + row * p.dout_st.s + h * p.dout_st.h;
+  const float* qp = p.q + row_offset(p.q_st, n, row, h);
+  const float* gp = p.d_out + row_offset(p.dout_st, n, row, h);
   for (int64_t c = 0; c < p.d; ++c) {
     qr[c] = qp[c];
     acc[c] = 0.f;
   }
   for (int64_t c = 0; c < p.d_v; ++c) gr[c] = gp[c];
   const float dm = p.ws_dm[ws_index(p, n, h, i)];
-  const float* kb = p.k + n * p.k_st.b + s.kv0 * p.k_st.s + kvh * p.k_st.h;
-  const float* vb = p.v + n * p.v_st.b + s.kv0 * p.v_st.s + kvh * p.v_st.h;
+  const float* kb = p.k + row_offset(p.k_st, n, s.kv_start, kvh);
+  const float* vb = p.v + row_offset(p.v_st, n, s.kv_start, kvh);
   const float* brow = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + i * p.bias_i : nullptr;
   Dropout drop(p);
   const uint64_t drow = p.dropout ? Dropout::index(p, n, h, i, 0) : 0;
@@ -434,9 +408,9 @@ template <int HD>
 F32_HD void dkdv_key(const KParams& p, int64_t n, int64_t g, int64_t j) {
   const Seq s = seq_of(p, n);
   if (j >= s.rows_kv) return;
-  const int64_t krow = s.kv0 + j;
-  float* dk = p.dk + n * p.dk_st.b + krow * p.dk_st.s + g * p.dk_st.h;
-  float* dv = p.dv + n * p.dv_st.b + krow * p.dv_st.s + g * p.dv_st.h;
+  const int64_t krow = s.kv_start + j;
+  float* dk = p.dk + row_offset(p.dk_st, n, krow, g);
+  float* dv = p.dv + row_offset(p.dv_st, n, krow, g);
   float ak[HD], av[HD];
   for (int64_t c = 0; c < p.d; ++c) ak[c] = 0.f;
   for (int64_t c = 0; c < p.d_v; ++c) av[c] = 0.f;
@@ -445,16 +419,16 @@ F32_HD void dkdv_key(const KParams& p, int64_t n, int64_t g, int64_t j) {
     Mask(p, s).queries(j, &lo, &hi);
     if (lo < hi) {
       float kr[HD], vr[HD];
-      const float* kp = p.k + n * p.k_st.b + krow * p.k_st.s + g * p.k_st.h;
-      const float* vp = p.v + n * p.v_st.b + krow * p.v_st.s + g * p.v_st.h;
+      const float* kp = p.k + row_offset(p.k_st, n, krow, g);
+      const float* vp = p.v + row_offset(p.v_st, n, krow, g);
       for (int64_t c = 0; c < p.d; ++c) kr[c] = kp[c];
       for (int64_t c = 0; c < p.d_v; ++c) vr[c] = vp[c];
       Dropout drop(p);
       for (int64_t hh = 0; hh < p.group; ++hh) {
         const int64_t h = g * p.group + hh;
-        const float* qb = p.q + n * p.q_st.b + s.q0 * p.q_st.s + h * p.q_st.h;
-        const float* gb = p.d_out + n * p.dout_st.b + s.q0 * p.dout_st.s + h * p.dout_st.h;
-        const float* lb = p.lse + n * p.lse_b + h * p.lse_h + s.q0 * p.lse_s;
+        const float* qb = p.q + row_offset(p.q_st, n, s.q_start, h);
+        const float* gb = p.d_out + row_offset(p.dout_st, n, s.q_start, h);
+        const float* lb = p.lse + lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, s.q_start);
         const float* bcol = p.bias ? p.bias + n * p.bias_b + h * p.bias_h + j * p.bias_j : nullptr;
         const float* dmb = p.ws_dm + ws_index(p, n, h, 0);
         // Row chunks start at multiples of kRowChunk (lanes of a warp read the same query rows); rows

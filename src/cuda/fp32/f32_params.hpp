@@ -49,7 +49,7 @@ inline Layout layout_of(const Call& c) {
   return w;
 }
 
-inline Rows rows_of(const RowStrides& r) { return Rows{r.b, r.s, r.h}; }
+inline Rows rows_of(const RowStrides& r) { return r; }
 
 // Call -> KParams. `workspace` is the caller's workspace (backward), laid out by layout_of(c).
 inline KParams make_kparams(const Call& c, const Layout& w, void* workspace) {
@@ -81,29 +81,13 @@ inline KParams make_kparams(const Call& c, const Layout& w, void* workspace) {
     k.bias_nb = p.bias.shape[0];
     k.bias_nh = p.bias.shape[1];
   }
-  if (c.plan.varlen) {
-    k.varlen = 1;
-    k.cu_q = static_cast<const int32_t*>(p.cu_seqlens_q.data);
-    k.cu_kv = static_cast<const int32_t*>(p.cu_seqlens_kv.data);
-    k.cu_q_st = p.cu_seqlens_q.strides[0];
-    k.cu_kv_st = p.cu_seqlens_kv.strides[0];
-    if (c.plan.seqused_kv) {
-      k.seqused_kv = static_cast<const int32_t*>(p.seqused_kv.data);
-      k.seqused_st = p.seqused_kv.strides[0];
-    }
-  } else {
-    if (c.plan.seqlens_q) {
-      k.seqlens_q = static_cast<const int32_t*>(p.seqlens_q.data);
-      k.seqlens_q_st = p.seqlens_q.strides[0];
-    }
-    if (c.plan.seqlens_kv) {
-      k.seqlens_kv = static_cast<const int32_t*>(p.seqlens_kv.data);
-      k.seqlens_kv_st = p.seqlens_kv.strides[0];
-    }
+  static_cast<BatchTensors&>(k) = batch_tensors(c);  // batch tensors (device pointers) and extents
+  if (c.paged.on) {  // paged KV (forward only): k_st / v_st hold the page, row-in-page and head strides
+    k.pt_n = c.paged.pt_n;
+    k.pt_p = c.paged.pt_p;
+    k.page_size = c.paged.page_size;
   }
   k.b = c.b;
-  k.s_q = c.s_q;
-  k.s_kv = c.s_kv;
   k.h_q = c.h_q;
   k.h_kv = c.h_kv;
   k.group = c.group;
@@ -113,9 +97,8 @@ inline KParams make_kparams(const Call& c, const Layout& w, void* workspace) {
   k.total_kv = c.total_kv;
   k.softmax_type = c.softmax_type;
   k.scale = c.softmax_scale;
-  constexpr int64_t kWinCap = int64_t(1) << 40;  // wider than any sequence: same as unbounded, no overflow
-  k.wl = c.window_left < 0 ? -1 : std::min(c.window_left, kWinCap);
-  k.wr = c.window_right < 0 ? -1 : std::min(c.window_right, kWinCap);
+  k.wl = c.window_left;  // -1 or clamped to s_q + s_kv by resolve_call (common/mask.hpp)
+  k.wr = c.window_right;
   k.align_br = c.alignment == SINKATTN_ALIGN_BOTTOM_RIGHT ? 1 : 0;
   k.dropout = c.plan.dropout ? 1 : 0;
   k.threshold = c.dropout_threshold;

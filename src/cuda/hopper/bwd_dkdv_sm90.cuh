@@ -1,6 +1,8 @@
 // CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a),
-// for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, with dQ fused (deterministic = 0: fp32
-// atomics into p.ws_dq, as the sm_80 kernel in bwd_kernel.cuh, which runs every other combination).
+// for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, with dQ fused: fp32 reductions into p.ws_dq,
+// in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of the
+// key blocks under per-query-block semaphores (kDet = true, deterministic = 1; dq_order.hpp has the order, why the
+// sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
 //   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
@@ -18,6 +20,10 @@
 // Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ atomics | wait dK.
+// kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
+// descending, the first step of a query block reads its counter early and, before its dQ adds, waits for its turn
+// (one lane per warp, while dQ and dK run), and the step after its last one releases the turn (thread 0, before
+// the barrier that precedes dQ).
 #pragma once
 
 #include <cuda.h>
@@ -25,8 +31,10 @@
 #include "cuda/bwd_rows.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/sm90_common.cuh"
+#include "cuda/dq_order.hpp"
 #include "cuda/hopper/wgmma_ops.cuh"
 #include "cuda/mask.cuh"
+#include "cuda/prologue.cuh"
 #include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 
@@ -43,8 +51,9 @@ struct Sm90Tma {
 template <int HD>
 struct DkvSm90Traits {
   static constexpr int kThreads = 256;
-  static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
-  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
+  static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
+  static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
   // sK, sV [BN][HD] (core-matrix layout); sQ, sdO [2][BM][HD] (128-byte-swizzled row panels); sdS [BN][BM]
   // (core-matrix layout), 2 bytes each; LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA loads of the
   // two buffers; room to align the base to 1024 bytes (the swizzled tiles)
@@ -52,7 +61,32 @@ struct DkvSm90Traits {
       (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 16 + 1024;
 };
 
-template <typename T, int HD>
+// Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
+// (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
+// value checked later). wait_turn: from the value `seen` of such a load, loads again until the counter reaches
+// `turn`; the adds of the earlier turns are then visible to the thread (and, through the caller's __syncwarp, to
+// its warp). release_turn: adds 1 with release semantics, after the caller's barrier (every add of the block
+// before it).
+__device__ __forceinline__ unsigned load_turn(const unsigned* sem) {
+  unsigned v = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ void wait_turn(const unsigned* sem, unsigned turn, unsigned seen) {
+  while (seen < turn) {
+    __nanosleep(32);
+    seen = load_turn(sem);
+  }
+}
+__device__ __forceinline__ void release_turn(unsigned* sem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
+#endif
+}
+
+template <typename T, int HD, bool kDet>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD>;
@@ -70,22 +104,31 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int g = lane >> 2, t = lane & 3;
-  const TileCoord tc = scheduled_tile(false);
-  const int hk = tc.head, n = tc.batch;
-  const SeqInfo sq = seq_info(p, n);
-  const int j0 = tc.block * BN;
-  if (j0 >= sq.rows_kv) return;
-  T* dk = static_cast<T*>(p.dk) + n * p.dk_st.b + (sq.kv_start + j0) * p.dk_st.s + hk * p.dk_st.h;
-  T* dv = static_cast<T*>(p.dv) + n * p.dv_st.b + (sq.kv_start + j0) * p.dv_st.s + hk * p.dv_st.h;
-  const int rows_out = min(BN, sq.rows_kv - j0);
+  TileCoord tc;
+  if constexpr (kDet) {  // the tile of this block's ticket: every block it will wait for holds a smaller one
+    __shared__ unsigned ticket;
+    if (tid == 0) ticket = atomicAdd(p.ws_dq_sem, 1u);
+    __syncthreads();
+    tc = tile_of_linear(ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
+  } else {
+    tc = scheduled_tile(false);
+  }
+  const KeyTile<BN> kt(p, tc);
+  const int hk = kt.hk, n = kt.n, j0 = kt.j0;
+  const SeqInfo& sq = kt.sq;
+  if (kt.outside()) return;
+  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
+  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
+  const int rows_out = kt.rows();
 
   const Mask mk(p, sq);
   int qb_lo, nq;
-  query_blocks<BM, BN>(mk, sq, j0, qb_lo, nq);
+  kt.template query_blocks<BM>(mk, qb_lo, nq);
   const int iters = nq * p.group;
+  using Order = StepOrder<kDet>;  // (query head of the group, query block) of each step
 
-  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + (sq.kv_start + j0) * p.k_st.s + hk * p.k_st.h;
-  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + (sq.kv_start + j0) * p.v_st.s + hk * p.v_st.h;
+  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
   load_tile_cm<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
   load_tile_cm<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
@@ -114,16 +157,17 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         }
       }
     } else {
-      const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + i0) * p.q_st.s + h * p.q_st.h;
-      const T* dog =
-          static_cast<const T*>(p.d_out) + n * p.dout_st.b + (sq.q_start + i0) * p.dout_st.s + h * p.dout_st.h;
+      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
       load_tile_sw<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
       load_tile_sw<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     }
     pf.load(p, sq, n, h, i0, tid);
   };
+  int ih, iq;
+  Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
-    issue(0, 0, 0);
+    issue(0, ih, iq);
     pf.store(sL, sD, 0, tid);
   }
   cp_async_commit();
@@ -140,7 +184,13 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   const T* sK_wg = sK + cm_offset<HD>(wg * 64, 0);
   const T* sV_wg = sV + cm_offset<HD>(wg * 64, 0);
 
-  int ih = 0, iq = 0;
+  // kDet: the semaphore of query block qb (nullptr when qb >= n_qb, which only batch tensors that break the
+  // max_seqlen_q contract give: unvalidated under graph capture; no counter outside the workspace is touched then,
+  // and such a call's dq is unspecified anyway).
+  auto dq_sem = [&](int qb) -> unsigned* {
+    const int n_qb = (p.s_q + BM - 1) / BM;
+    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(n, hk, p.h_kv, n_qb, qb) : nullptr;
+  };
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + ih;
@@ -152,11 +202,18 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     }
     fence_proxy_async();
     __syncthreads();
-    int ih_next = ih, iq_next = iq + 1;
-    if (iq_next == nq) iq_next = 0, ++ih_next;
+    int ih_next = ih, iq_next = iq;
+    Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
     if (prefetch) issue(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
+    unsigned seen = 0;  // kDet: an early read of this step's counter (its latency hides behind S, dP and dV)
+    if constexpr (kDet) {
+      if (Order::opens_query_block(ih) && lane == 0) {
+        const unsigned* sem = dq_sem(qb_lo + iq);
+        if (sem != nullptr) seen = load_turn(sem);
+      }
+    }
     const T* q_cur = sQ + buf * BM * HD;
     const T* do_cur = sdO + buf * BM * HD;
     const float* l_cur = sL + buf * BM;
@@ -236,6 +293,14 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = 0u;
       }
     }
+    if constexpr (kDet) {
+      // This step opens a query block: every add of the previous one was issued before this step's first barrier
+      // (and has had the step to land), so its turn goes to the next key block.
+      if (it > 0 && Order::opens_query_block(ih) && tid == 0) {
+        unsigned* prev = dq_sem(qb_lo + Order::previous_query_block(iq));
+        if (prev != nullptr) release_turn(prev);
+      }
+    }
     fence_proxy_async();
     __syncthreads();
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
@@ -255,6 +320,15 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       for (int kc = 0; kc < BM / 16; ++kc)
         Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
       wgmma_commit();
+      if constexpr (kDet) {
+        if (Order::opens_query_block(ih)) {  // this block's turn in the query block's order, before its adds
+          const int qb = qb_lo + iq;
+          const unsigned* sem = dq_sem(qb);
+          if (lane == 0 && sem != nullptr)
+            wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb)), seen);
+          __syncwarp();
+        }
+      }
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
       // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
@@ -275,6 +349,13 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     if (prefetch) pf.store(sL, sD, buf ^ 1, tid);
     ih = ih_next;
     iq = iq_next;
+  }
+  if constexpr (kDet) {
+    if (iters > 0) {  // the last query block's turn, after every thread's adds
+      __syncthreads();
+      unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
+      if (tid == 0 && last != nullptr) release_turn(last);
+    }
   }
   cp_async_wait<0>();
   wgmma_wait<0>();

@@ -21,6 +21,7 @@
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/hopper/wgmma_ops.cuh"
 #include "cuda/mask.cuh"
+#include "cuda/prologue.cuh"
 #include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 #include "cuda/softmax.cuh"
@@ -37,12 +38,13 @@ struct Sm90FwdTma {
 template <int HD>
 struct FwdSm90Traits {
   static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int kBlockM = 128;   // query rows per block (64 per warpgroup)
+  static constexpr int kBlockM = tiles::fwd_sm90_block_m(HD);  // query rows per block (64 per warpgroup)
+  static_assert(kBlockM == 128, "2 warpgroups x 64 rows");
   // Keys per step. Head dim 64: 64 keys and two blocks per SM (S, P and O in <= 128 registers), so that one
   // block's softmax runs while the other's wgmmas do (at 128 keys and one block per SM the two warpgroups, in
   // lock step, left the tensor cores idle during the softmax: 272 TFLOP/s on the GPT-OSS layer, below the sm_80
   // kernel). Head dim 128: 128 keys, one block per SM.
-  static constexpr int kBlockN = HD == 64 ? 64 : 128;
+  static constexpr int kBlockN = tiles::fwd_sm90_block_n(HD);
   static constexpr int kMinBlocks = HD == 64 ? 2 : 1;
   // sQ [BM][HD]; sK, sV [2][BN][HD] (swizzled row panels, 2 bytes); 5 mbarriers (K 0, K 1, V 0, V 1, Q); room to
   // align the tiles to 1024 bytes
@@ -64,24 +66,21 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;
-  const TileCoord tc = scheduled_tile(p.window_right >= 0);
-  const int h = tc.head, n = tc.batch;
-  const int hk = h / p.group;
-  const SeqInfo sq = seq_info(p, n);
-  const int m0 = tc.block * BM;
-  if (m0 >= sq.rows_q) return;
+  const QueryTile<BM> qt(p, scheduled_tile(p.window_right >= 0));
+  const int h = qt.h, hk = qt.hk, n = qt.n, m0 = qt.m0;
+  const SeqInfo& sq = qt.sq;
+  if (qt.outside()) return;
 
-  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+  T* out = qt.template q_rows<T>(p.out, p.out_st);
   const float sigma = sink_value(p, h);
-  if (m0 >= sq.len_q) {  // padding rows of a dense batch
-    fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, tid, Tr::kThreads);
+  if (qt.padding()) {  // padding rows of a dense batch
+    fwd_store_padding_rows(p, sq, n, h, out, m0, qt.rows(), sigma, tid, Tr::kThreads);
     return;
   }
 
   const Mask mk(p, sq);
-  int k_lo, k_hi;
-  mk.key_range(m0, min(m0 + BM, sq.len_q), k_lo, k_hi);
-  const int nb_lo = k_lo / BN, nb_hi = (k_hi + BN - 1) / BN;
+  int nb_lo, nb_hi;
+  qt.template key_blocks<BN>(mk, nb_lo, nb_hi);
   const int nbatch = p.varlen ? 0 : n;
 
   if (tid == 0) {
@@ -99,11 +98,11 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
         tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + m0, h, nbatch, &bars[4]);
     }
   } else {
-    const T* qg = static_cast<const T*>(p.q) + n * p.q_st.b + (sq.q_start + m0) * p.q_st.s + h * p.q_st.h;
+    const T* qg = qt.template q_rows<const T>(p.q, p.q_st);
     load_tile_sw<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
   }
-  const T* kg = static_cast<const T*>(p.k) + n * p.k_st.b + sq.kv_start * p.k_st.s + hk * p.k_st.h;
-  const T* vg = static_cast<const T*>(p.v) + n * p.v_st.b + sq.kv_start * p.v_st.s + hk * p.v_st.h;
+  const T* kg = qt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = qt.template kv_rows<const T>(p.v, p.v_st);
   // Key blocks loaded by TMA: all BN keys inside the sequence (a function of the block alone, so the loader and
   // the waiters agree; only the last block of a sequence can fail it).
   auto kv_tma = [&](int nb) { return tma.ok != 0 && (nb + 1) * BN <= sq.len_kv; };

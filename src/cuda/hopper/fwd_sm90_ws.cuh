@@ -39,7 +39,7 @@ struct FwdWsTraits {
   static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
-  static constexpr int kBlockN = 128;             // keys per step
+  static constexpr int kBlockN = tiles::kSm90WsBlockN;  // keys per step
   static constexpr int kStages = 2;               // K and V buffers each
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;

@@ -1,0 +1,203 @@
+// See dispatch.hpp. Host-only C++: compiled into the CUDA backend and, alone, into tests/test_cuda_dispatch.cpp.
+#include "cuda/dispatch.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/decode/decode_rules.hpp"
+#include "cuda/tiles.hpp"
+
+namespace sinkattn::cuda {
+
+namespace {
+
+std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_string(b); }
+
+// The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
+// consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
+bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
+int ws_consumers(int tile, const Switches& sw) {
+  if (sw.fwd_ws == 2) return 2;
+  if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
+  return tiles::sm90_ws_default_consumers(tile);
+}
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+Switches switches_from_env() {
+  static const Switches s = [] {
+    Switches x;
+    x.no_sm90 = env_on("SINKATTN_CUDA_NO_SM90");
+    x.no_tma = env_on("SINKATTN_CUDA_NO_TMA");
+    x.det_sm80 = env_on("SINKATTN_CUDA_DET_SM80");
+    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_WS"); v != nullptr && v[0] != '\0') x.fwd_ws = std::atoi(v);
+    x.fwd_ws_short = env_on("SINKATTN_CUDA_FWD_WS_SHORT");
+    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_WS_PERSISTENT"); v != nullptr && v[0] != '\0')
+      x.fwd_ws_persistent = std::atoi(v) != 0;
+    x.no_decode = env_on("SINKATTN_CUDA_NO_DECODE");
+    return x;
+  }();
+  return s;
+}
+
+std::string hopper_unavailable(const DeviceProps& dev, const Switches& sw) {
+  if (!dev.sm90a_code) return "the library carries no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)";
+  if (dev.cc_major != 9 || dev.cc_minor != 0)
+    return "compute capability " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) +
+           " (the Hopper kernels need 9.0)";
+  if (sw.no_sm90) return "SINKATTN_CUDA_NO_SM90 is set";
+  return {};
+}
+
+KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switches& sw) {
+  KernelChoice k;
+  if (c.dtype == SINKATTN_F32) {
+    k.fp32 = true;
+    return k;
+  }
+  k.tile = tiles::head_dim_tile(c.d, c.d_v);
+  const bool bias = c.plan.bias == Use::kRequired, dropout = c.plan.dropout, extra = bias || dropout;
+  const int64_t rows_q = c.plan.varlen ? c.total_q : c.s_q, rows_kv = c.plan.varlen ? c.total_kv : c.s_kv;
+
+  // Why the Hopper kernels cannot run this call ("" when they can).
+  std::string no90 = hopper_unavailable(dev, sw);
+  if (no90.empty() && !tiles::has_sm90(k.tile))
+    no90 = "no Hopper kernel for head-dim tile " + std::to_string(k.tile) + " (tiles 64 and 128)";
+  if (no90.empty() && extra)
+    no90 = std::string("the Hopper kernels have no ") +
+           (bias && dropout ? "bias or dropout" : bias ? "bias" : "dropout");
+
+  // ---- forward ----
+  // Decode kernels (decode/decode_rules.hpp): short query chunks, contiguous or paged KV.
+  const std::string no_decode = sw.no_decode ? "SINKATTN_CUDA_NO_DECODE is set" : decode_unsupported(c);
+  if (no_decode.empty()) {
+    k.fwd = FwdKernel::kDecode;
+  } else if (c.paged.on) {  // longer paged chunks: the sm_80 forward through the page table (validation refused
+                            // bias / dropout); the Hopper forwards' TMA maps describe contiguous rows, not pages
+    k.fwd = FwdKernel::kSm80Paged;
+    k.fwd_block_m = tiles::fwd_block_m(k.tile);
+    k.fwd_block_n = tiles::fwd_block_n(k.tile);
+    k.fwd_why = "paged KV: " + no_decode + "; the Hopper forwards read contiguous rows by TMA";
+  }
+  if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
+    // decided
+  } else if (no90.empty() && c.window_left >= 0 && c.window_right >= 0 && !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
+    const int64_t keys = tiles::fwd_sm90_block_m(k.tile) + c.window_left + c.window_right;
+    if (keys < tiles::kSm90FwdMinWindowKeys)
+      k.fwd_why = "the window spans " + std::to_string(keys) + " keys per " +
+                  std::to_string(tiles::fwd_sm90_block_m(k.tile)) + " query rows (fewer than " +
+                  std::to_string(tiles::kSm90FwdMinWindowKeys) + ": the sm_80 forward is faster there)";
+  }
+  if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
+    // decided above
+  } else if (no90.empty() && k.fwd_why.empty()) {
+    if (ws_on(k.tile, sw)) {
+      k.fwd = FwdKernel::kSm90Ws;
+      k.fwd_consumers = ws_consumers(k.tile, sw);
+      k.fwd_block_m = 64 * k.fwd_consumers;
+      k.fwd_block_n = tiles::kSm90WsBlockN;
+      k.fwd_persistent = sw.fwd_ws_persistent;
+    } else {
+      k.fwd = FwdKernel::kSm90;
+      k.fwd_block_m = tiles::fwd_sm90_block_m(k.tile);
+      k.fwd_block_n = tiles::fwd_sm90_block_n(k.tile);
+    }
+    // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map).
+    k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
+  } else {
+    if (k.fwd_why.empty()) k.fwd_why = no90;
+    k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;
+    k.fwd_block_m = tiles::fwd_block_m(k.tile);
+    k.fwd_block_n = extra ? tiles::fwd_block_n(k.tile) : tiles::fwd_block_n_lean(k.tile);
+  }
+
+  // ---- backward ----
+  if (bias)
+    k.dq = DqPath::kDqKernel;  // the dq kernel writes dS for d_bias
+  else if (c.deterministic)
+    k.dq = no90.empty() && !sw.det_sm80 ? DqPath::kFusedOrdered : DqPath::kDqKernel;
+  else
+    k.dq = DqPath::kFusedAtomic;
+  if (no90.empty() && k.dq != DqPath::kDqKernel) {
+    k.dkdv = DkvKernel::kSm90;
+    k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
+    k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
+    k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
+  } else {
+    k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
+    k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
+    k.dkdv_block_n = tiles::dkdv_block_n(k.tile);
+    k.dkdv_block_m = tiles::dkdv_block_m(k.tile);
+  }
+  if (k.dq == DqPath::kDqKernel) {
+    k.dq_block_m = tiles::dq_block_m(k.tile);
+    k.dq_block_n = tiles::dq_block_n(k.tile);
+  }
+  return k;
+}
+
+std::string KernelChoice::summary(Pass pass) const {
+  if (fp32)
+    return pass == Pass::kForward ? "fp32 SIMT kernels (one thread per query row)"
+                                  : "fp32 SIMT kernels (dq per query row, dK dV per key; no float atomics)";
+  std::string s;
+  if (pass == Pass::kForward) {
+    switch (fwd) {
+      case FwdKernel::kSm90: s = "hopper fwd (wgmma)"; break;
+      case FwdKernel::kSm90Ws:
+        s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
+            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") + ")";
+        break;
+      case FwdKernel::kSm80: s = "sm80 fwd (mma.sync)"; break;
+      case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
+      case FwdKernel::kSm80Paged: s = "sm80 fwd (mma.sync, paged KV)"; break;
+      case FwdKernel::kDecode:
+        return "decode (query heads of a KV group packed per tile, split-KV + combine; splits from decode/decode.cu's "
+               "plan or num_splits)";
+    }
+    s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
+    if (fwd == FwdKernel::kSm90 || fwd == FwdKernel::kSm90Ws) s += fwd_tma ? ", TMA" : ", cp.async";
+    if (!fwd_why.empty()) s += ": " + fwd_why;
+    return s;
+  }
+  if (dq == DqPath::kDqKernel) s = "sm80 dq kernel, tile " + tile_str(dq_block_m, dq_block_n) + " + ";
+  switch (dkdv) {
+    case DkvKernel::kSm90: s += "hopper dK dV (wgmma)"; break;
+    case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
+    case DkvKernel::kSm80Extra: s += "sm80 dK dV (mma.sync, bias / dropout variant)"; break;
+  }
+  s += ", tile " + tile_str(dkdv_block_n, dkdv_block_m);
+  if (dkdv == DkvKernel::kSm90) s += dkdv_tma ? ", TMA" : ", cp.async";
+  switch (dq) {
+    case DqPath::kDqKernel: s += ", no float atomics"; break;
+    case DqPath::kFusedAtomic: s += ", dq fused (fp32 atomics)"; break;
+    case DqPath::kFusedOrdered: s += ", dq fused in a fixed order (per-query-block semaphores, deterministic)"; break;
+  }
+  if (!bwd_why.empty()) s += ": " + bwd_why;
+  return s;
+}
+
+std::string dispatch_rules() {
+  return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
+         ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
+         "library carries sm_90a code, for tiles 64 and 128 without bias or dropout (forward: not for windows "
+         "spanning fewer than " +
+         std::to_string(tiles::kSm90FwdMinWindowKeys) +
+         " keys per 128 query rows); backward dq: fused into the dK dV kernel with fp32 atomics (deterministic = 0), "
+         "fused in a fixed key-block order under per-query-block semaphores on the Hopper kernel (deterministic = "
+         "1), or the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels "
+         "run everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up "
+         "to 16 query rows per sequence (fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: "
+         "the query heads of a KV group packed into one tile, split-KV with a combine, the sink counted once), the "
+         "sm_80 forward through the page table for longer paged chunks, and on Hopper the warp-specialised forward "
+         "(producer warp, 3 consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
+         "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
+         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1";
+}
+
+}  // namespace sinkattn::cuda

@@ -1,0 +1,84 @@
+// CUDA backend: the one place that decides which kernels run a call (SPEC.md section 4: a backend declares what it
+// runs and why). choose_kernels is a pure function of the resolved call, the device's properties and the
+// environment switches; every launch (cuda_backend.cu, launch.cuh), the workspace layout, the report line of
+// sinkattn_query_backend (and so the CLI's "forward ran on:" line) and `sinkattn info` read its KernelChoice.
+// Host-only C++ (no CUDA headers): tests/test_cuda_dispatch.cpp checks the decisions on machines without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/call.hpp"
+
+namespace sinkattn::cuda {
+
+// What the decision needs to know about the device (current_device_props() in cuda_backend.cu reads it).
+struct DeviceProps {
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  bool sm90a_code = false;         // the library carries sm_90a code (CMAKE_CUDA_ARCHITECTURES lists 90a)
+};
+
+// Environment switches that turn kernels off, for A/B runs (switches_from_env() reads them once per process):
+//   SINKATTN_CUDA_NO_SM90=1   no Hopper (wgmma) kernel: everything on the sm_80 kernels
+//   SINKATTN_CUDA_NO_TMA=1    the Hopper kernels load every tile through cp.async
+//   SINKATTN_CUDA_DET_SM80=1  deterministic backward on the sm_80 kernels (dq kernel + dK dV kernel) instead of the
+//                             Hopper dK dV kernel with its fused dq in a fixed order
+//   SINKATTN_CUDA_FWD_WS=0|2|3 the warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 0 off (fwd_sm90.cuh
+//                             instead), 2 / 3 consumer warpgroups (3: head-dim tile 64 only); unset: on, with
+//                             tiles::sm90_ws_default_consumers
+//   SINKATTN_CUDA_FWD_WS_SHORT=1 the warp-specialised forward takes the short windows the sm_80 forward gets
+//   SINKATTN_CUDA_FWD_WS_PERSISTENT=0 the warp-specialised forward with one block per tile (default: one per SM)
+//   SINKATTN_CUDA_NO_DECODE=1 no decode kernel: short query chunks on the prefill kernels
+struct Switches {
+  bool no_sm90 = false;
+  bool no_tma = false;
+  bool det_sm80 = false;
+  int fwd_ws = -1;  // -1: default rule
+  bool fwd_ws_short = false;
+  bool fwd_ws_persistent = true;
+  bool no_decode = false;
+};
+Switches switches_from_env();
+
+// Extra: the variant with bias / dropout compiled in; Paged: K / V read through a page table (SPEC 1);
+// Sm90Ws: the warp-specialised Hopper forward; Decode: decode/ (up to 16 query rows per sequence, split-KV).
+enum class FwdKernel { kSm80, kSm80Extra, kSm80Paged, kSm90, kSm90Ws, kDecode };
+enum class DkvKernel { kSm80, kSm80Extra, kSm90 };
+// How the backward forms dq:
+//   kDqKernel:     the separate sm_80 dq kernel (no float atomics; the one that writes dS for d_bias)
+//   kFusedAtomic:  in the dK dV kernel, fp32 atomics into a workspace accumulator (deterministic = 0)
+//   kFusedOrdered: in the Hopper dK dV kernel, the same accumulator updated by the key blocks of each query block in
+//                  ascending order, enforced by per-(sequence, KV head, query block) semaphores (deterministic = 1)
+enum class DqPath { kDqKernel, kFusedAtomic, kFusedOrdered };
+
+struct KernelChoice {
+  bool fp32 = false;  // the SIMT fp32 path (src/cuda/fp32): one kernel family, no tiles
+  int tile = 0;       // head-dim tile (tiles.hpp)
+  FwdKernel fwd = FwdKernel::kSm80;
+  int fwd_block_m = 0, fwd_block_n = 0;
+  bool fwd_tma = false;  // the Hopper forward tries TMA (the launcher falls back to cp.async if the driver refuses)
+  int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
+  bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
+  DkvKernel dkdv = DkvKernel::kSm80;
+  int dkdv_block_n = 0, dkdv_block_m = 0;
+  bool dkdv_tma = false;
+  DqPath dq = DqPath::kDqKernel;
+  int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
+  std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
+
+  // One line: the kernels of the forward or the backward pass and the reason, e.g.
+  //   "hopper fwd (wgmma), tile 128 x 64, TMA"
+  //   "sm80 fwd (mma.sync, bias / dropout variant), tile 128 x 64: the Hopper kernels have no bias / dropout"
+  std::string summary(Pass pass) const;
+};
+
+// Why the Hopper kernels cannot run on this device / build / environment at all ("" when they can).
+std::string hopper_unavailable(const DeviceProps& dev, const Switches& sw);
+
+// The decision for a resolved call (Call::p is not read: shape-only queries work).
+KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switches& sw);
+
+// The rules choose_kernels applies, as text (for `sinkattn info`).
+std::string dispatch_rules();
+
+}  // namespace sinkattn::cuda

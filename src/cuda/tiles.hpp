@@ -1,0 +1,52 @@
+// CUDA backend: the tile shapes of every kernel, as plain constexpr functions of the head-dim tile, so that the
+// kernels' traits (params.cuh, hopper/*.cuh) and the dispatch unit (dispatch.cpp, host-only C++) read one definition.
+// Rows x keys (forward, dq) or keys x rows (dK dV) per block.
+#pragma once
+
+#include <cstdint>
+
+namespace sinkattn::cuda::tiles {
+
+// Head-dim tiles compiled: a call with head dims (d, d_v) runs on the smallest tile >= max(d, d_v) (0: none).
+constexpr int kHeadDimTiles[] = {32, 64, 96, 128, 192, 256};
+constexpr int head_dim_tile(int64_t d, int64_t d_v) {
+  const int64_t m = d > d_v ? d : d_v;
+  for (int t : kHeadDimTiles)
+    if (m <= t) return t;
+  return 0;
+}
+
+// sm_80 forward (fwd_kernel.cuh): 4 warps x kMT m-tiles of 16 rows; keys per step.
+constexpr int fwd_m_tiles(int hd) { return hd <= 128 ? 2 : 1; }
+constexpr int fwd_block_m(int hd) { return 16 * fwd_m_tiles(hd) * 4; }
+constexpr int fwd_block_n(int hd) { return hd <= 64 ? 64 : 32; }
+// The lean (no bias / dropout) variant at head dim 128 takes 64 keys per step (bench/RESULTS.md: measured faster
+// despite a few spilled registers); every other variant keeps fwd_block_n.
+constexpr int fwd_block_n_lean(int hd) { return hd == 128 ? 64 : fwd_block_n(hd); }
+
+// sm_80 dq kernel (bwd_kernel.cuh).
+constexpr int dq_block_m(int) { return 64; }
+constexpr int dq_block_n(int hd) { return hd <= 128 ? 64 : 32; }
+
+// sm_80 dK dV kernel (bwd_kernel.cuh): one warp per 16 keys.
+constexpr int dkdv_warps(int hd) { return hd <= 128 ? 8 : 4; }
+constexpr int dkdv_block_n(int hd) { return 16 * dkdv_warps(hd); }
+constexpr int dkdv_block_m(int hd) { return hd <= 128 ? 64 : 32; }
+
+// Hopper (sm_90a) kernels, head-dim tiles 64 and 128.
+constexpr bool has_sm90(int hd) { return hd == 64 || hd == 128; }
+constexpr int fwd_sm90_block_m(int) { return 128; }
+constexpr int fwd_sm90_block_n(int hd) { return hd == 64 ? 64 : 128; }
+constexpr int dkdv_sm90_block_n(int) { return 128; }
+constexpr int dkdv_sm90_block_m(int) { return 64; }
+
+// Forward windows on the Hopper kernel: a window that leaves a block of fwd_sm90_block_m query rows fewer keys than
+// this (block_m + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS sliding layer, window 127:
+// 0.166 ms sm_80 vs 0.187 ms Hopper; one or two blocks per SM spend much of a short block in the pipeline prologue).
+constexpr int kSm90FwdMinWindowKeys = 512;
+// The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
+// step; consumer warpgroups by default (dispatch.cpp; the fastest measured on the H200, bench/RESULTS.md).
+constexpr int kSm90WsBlockN = 128;
+constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
+
+}  // namespace sinkattn::cuda::tiles

@@ -1,0 +1,266 @@
+// The CUDA backend's kernel choice (src/cuda/dispatch.cpp), a pure function of the resolved call, the device's
+// properties and the environment switches: checked on the CPU with the device properties passed in (an H200, an
+// A100, a build without sm_90a code), for the layers of bench/RESULTS.md and the rules' edge cases.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cuda/dispatch.hpp"
+#include "cuda/tiles.hpp"
+
+namespace sinkattn::cuda {
+namespace {
+
+const DeviceProps kH200{9, 0, true};
+const DeviceProps kA100{8, 0, true};
+const DeviceProps kH200NoSm90a{9, 0, false};
+
+// A resolved call as resolve_call leaves it (only what the decision reads).
+Call make_call(sinkattn_dtype_t dt, int64_t d, int64_t s, int64_t h_q, int64_t h_kv, int64_t wl, int64_t wr,
+               bool backward = false) {
+  Call c;
+  c.pass = backward ? Pass::kBackward : Pass::kForward;
+  c.memory = Memory::kDevice;
+  c.dtype = dt;
+  c.b = 2;
+  c.s_q = c.s_kv = s;
+  c.h_q = h_q;
+  c.h_kv = h_kv;
+  c.group = h_q / h_kv;
+  c.d = c.d_v = d;
+  c.window_left = wl;
+  c.window_right = wr;
+  return c;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(CudaDispatch, GptOssFullOnHopper) {
+  const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  const KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_FALSE(k.fp32);
+  EXPECT_EQ(k.tile, 64);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 3);
+  EXPECT_EQ(k.fwd_block_m, 192);
+  EXPECT_EQ(k.fwd_block_n, 128);
+  EXPECT_TRUE(k.fwd_persistent);
+  EXPECT_TRUE(k.fwd_tma);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dkdv_block_n, 128);
+  EXPECT_EQ(k.dkdv_block_m, 64);
+  EXPECT_TRUE(k.dkdv_tma);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
+  EXPECT_EQ(k.summary(Pass::kForward),
+            "hopper fwd (wgmma, warp-specialised: producer warp + 3 consumer warpgroups, persistent), tile 192 x 128, "
+            "TMA");
+  EXPECT_EQ(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused (fp32 atomics)");
+}
+
+TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
+  Call c = make_call(SINKATTN_BF16, 128, 4096, 32, 32, -1, 0, true);
+  c.deterministic = true;
+  const KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dq, DqPath::kFusedOrdered);
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "fixed order"));
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 2);
+  EXPECT_EQ(k.fwd_block_m, 128);
+  EXPECT_EQ(k.fwd_block_n, 128);
+  Switches sw;
+  sw.det_sm80 = true;
+  const KernelChoice s = choose_kernels(c, kH200, sw);
+  EXPECT_EQ(s.dq, DqPath::kDqKernel);
+  EXPECT_EQ(s.dkdv, DkvKernel::kSm80);
+  EXPECT_EQ(s.dq_block_m, 64);
+  EXPECT_EQ(s.dq_block_n, 64);
+  EXPECT_EQ(s.fwd, FwdKernel::kSm90Ws);  // the switch is about the deterministic backward only
+  EXPECT_TRUE(has(s.summary(Pass::kBackward), "SINKATTN_CUDA_DET_SM80"));
+  // Off Hopper, deterministic = 1 is the dq kernel.
+  const KernelChoice a = choose_kernels(c, kA100, Switches{});
+  EXPECT_EQ(a.dq, DqPath::kDqKernel);
+  EXPECT_EQ(a.dkdv, DkvKernel::kSm80);
+  EXPECT_TRUE(has(a.summary(Pass::kBackward), "compute capability 8.0"));
+}
+
+TEST(CudaDispatch, ShortWindowForwardStaysOnSm80) {
+  const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
+  const KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80);
+  EXPECT_EQ(k.fwd_block_m, 128);
+  EXPECT_EQ(k.fwd_block_n, 64);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "255 keys per 128 query rows"));
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);  // the backward has no such rule
+  // 128 + 383 = 511 < 512 stays; 128 + 384 = 512 goes to the Hopper kernel.
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 383, 0), kH200, Switches{}).fwd, FwdKernel::kSm80);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 384, 0), kH200, Switches{}).fwd,
+            FwdKernel::kSm90Ws);
+  // A window on one side only is not short.
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 10, -1), kH200, Switches{}).fwd,
+            FwdKernel::kSm90Ws);
+  // SINKATTN_CUDA_FWD_WS_SHORT=1: the warp-specialised forward takes the short window too.
+  Switches sw;
+  sw.fwd_ws_short = true;
+  EXPECT_EQ(choose_kernels(c, kH200, sw).fwd, FwdKernel::kSm90Ws);
+}
+
+TEST(CudaDispatch, WarpSpecialisedForwardSwitches) {
+  const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0);
+  Switches sw;
+  sw.fwd_ws = 0;  // off: the first Hopper forward
+  KernelChoice k = choose_kernels(c, kH200, sw);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90);
+  EXPECT_EQ(k.fwd_block_m, 128);
+  EXPECT_EQ(k.fwd_block_n, 64);
+  EXPECT_EQ(k.summary(Pass::kForward), "hopper fwd (wgmma), tile 128 x 64, TMA");
+  sw.fwd_ws = 2;
+  k = choose_kernels(c, kH200, sw);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 2);
+  EXPECT_EQ(k.fwd_block_m, 128);
+  sw.fwd_ws = 3;  // 3 consumers exist at head dim 64 only
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, -1, 0), kH200, sw).fwd_consumers, 2);
+  sw = Switches{};
+  sw.fwd_ws_persistent = false;
+  k = choose_kernels(c, kH200, sw);
+  EXPECT_FALSE(k.fwd_persistent);
+  EXPECT_FALSE(has(k.summary(Pass::kForward), "persistent"));
+  // Fewer query rows than a 192-row TMA box: cp.async.
+  EXPECT_FALSE(choose_kernels(make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0), kH200, Switches{}).fwd_tma);
+}
+
+TEST(CudaDispatch, DecodeAndPagedKv) {
+  // Short query chunks (decode, speculative decoding): the decode kernels, fp16 / bf16, head dims up to 128.
+  Call c = make_call(SINKATTN_BF16, 64, 1, 64, 8, -1, 0);
+  c.s_kv = 8192;
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kDecode);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "decode"));
+  EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kDecode);  // not a Hopper kernel
+  c.s_q = 16;
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kDecode);
+  c.s_q = 17;
+  EXPECT_NE(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kDecode);
+  c.s_q = 1;
+  Switches off;
+  off.no_decode = true;
+  EXPECT_NE(choose_kernels(c, kH200, off).fwd, FwdKernel::kDecode);
+  Call wide = c;
+  wide.d = wide.d_v = 256;
+  EXPECT_NE(choose_kernels(wide, kH200, Switches{}).fwd, FwdKernel::kDecode);
+  Call f32 = c;
+  f32.dtype = SINKATTN_F32;
+  EXPECT_TRUE(choose_kernels(f32, kH200, Switches{}).fp32);
+  // A paged prefill chunk: the sm_80 forward through the page table, with the reason.
+  Call paged = make_call(SINKATTN_F16, 128, 512, 8, 8, -1, 0);
+  paged.paged.on = true;
+  paged.paged.page_size = 16;
+  k = choose_kernels(paged, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Paged);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV"));
+}
+
+TEST(CudaDispatch, BiasAndDropoutTakeTheSm80Variants) {
+  Call c = make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1, true);
+  c.plan.bias = Use::kRequired;
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
+  EXPECT_EQ(k.fwd_block_n, 32);  // the bias / dropout variant keeps 32 keys at head dim 128
+  EXPECT_EQ(k.dq, DqPath::kDqKernel);  // the dq kernel writes dS for d_bias
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "no bias"));
+  c.plan.bias = Use::kAbsent;
+  c.plan.dropout = true;
+  k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);  // dropout alone: dq fused into the sm_80 dK dV kernel
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
+  c.deterministic = true;
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).dq, DqPath::kDqKernel);
+  // Without either: the lean sm_80 forward at head dim 128 takes 64 keys per step.
+  const KernelChoice lean = choose_kernels(make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1), kA100, Switches{});
+  EXPECT_EQ(lean.fwd, FwdKernel::kSm80);
+  EXPECT_EQ(lean.fwd_block_n, 64);
+}
+
+TEST(CudaDispatch, TilesWithoutHopperKernels) {
+  for (int64_t d : {32, 96, 160, 256}) {
+    const KernelChoice k = choose_kernels(make_call(SINKATTN_BF16, d, 512, 4, 4, -1, 0, true), kH200, Switches{});
+    EXPECT_EQ(k.fwd, FwdKernel::kSm80) << d;
+    EXPECT_EQ(k.dkdv, DkvKernel::kSm80) << d;
+    EXPECT_EQ(k.fwd_block_m, tiles::fwd_block_m(k.tile)) << d;
+    EXPECT_TRUE(has(k.summary(Pass::kForward), "no Hopper kernel for head-dim tile")) << d;
+  }
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 96, 512, 4, 4, -1, 0), kH200, Switches{}).tile, 96);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 104, 512, 4, 4, -1, 0), kH200, Switches{}).tile, 128);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 256, 512, 4, 4, -1, 0), kH200, Switches{}).fwd_block_m, 64);
+  // d != d_v: the tile of the larger.
+  Call c = make_call(SINKATTN_BF16, 64, 512, 4, 4, -1, 0);
+  c.d_v = 72;
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).tile, 96);
+  c.d_v = 136;
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).tile, 192);
+}
+
+TEST(CudaDispatch, DeviceAndBuildAndSwitches) {
+  const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  const KernelChoice a = choose_kernels(c, kA100, Switches{});
+  EXPECT_EQ(a.fwd, FwdKernel::kSm80);
+  EXPECT_EQ(a.dkdv, DkvKernel::kSm80);
+  EXPECT_EQ(a.dq, DqPath::kFusedAtomic);
+  EXPECT_TRUE(has(a.summary(Pass::kForward), "compute capability 8.0"));
+  EXPECT_TRUE(has(choose_kernels(c, kH200NoSm90a, Switches{}).summary(Pass::kForward), "no sm_90a code"));
+  EXPECT_EQ(choose_kernels(c, DeviceProps{9, 0, true}, Switches{}).fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(choose_kernels(c, DeviceProps{10, 0, true}, Switches{}).fwd, FwdKernel::kSm80);  // sm_90a code is 9.0 only
+  Switches no90;
+  no90.no_sm90 = true;
+  const KernelChoice n = choose_kernels(c, kH200, no90);
+  EXPECT_EQ(n.fwd, FwdKernel::kSm80);
+  EXPECT_TRUE(has(n.summary(Pass::kBackward), "SINKATTN_CUDA_NO_SM90"));
+  Switches notma;
+  notma.no_tma = true;
+  const KernelChoice t = choose_kernels(c, kH200, notma);
+  EXPECT_EQ(t.fwd, FwdKernel::kSm90Ws);
+  EXPECT_FALSE(t.fwd_tma);
+  EXPECT_FALSE(t.dkdv_tma);
+  EXPECT_EQ(t.summary(Pass::kForward),
+            "hopper fwd (wgmma, warp-specialised: producer warp + 3 consumer warpgroups, persistent), tile 192 x 128, "
+            "cp.async");
+}
+
+TEST(CudaDispatch, TmaNeedsWholeBoxes) {
+  // Head dims below 64 columns (tile 64 with d = 40) or fewer rows than one box: cp.async.
+  Call c = make_call(SINKATTN_BF16, 40, 4096, 8, 8, -1, 0, true);
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.tile, 64);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_FALSE(k.fwd_tma);
+  EXPECT_FALSE(k.dkdv_tma);
+  c = make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0, true);  // 100 rows: < 192 (forward box), >= 64 (dK dV box)
+  k = choose_kernels(c, kH200, Switches{});
+  EXPECT_FALSE(k.fwd_tma);
+  EXPECT_TRUE(k.dkdv_tma);
+  // Varlen: the packed totals count.
+  c.plan.varlen = true;
+  c.s_q = c.s_kv = 100;
+  c.total_q = c.total_kv = 300;
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).fwd_tma);
+}
+
+TEST(CudaDispatch, Fp32Path) {
+  const KernelChoice k = choose_kernels(make_call(SINKATTN_F32, 64, 512, 4, 4, -1, 0, true), kH200, Switches{});
+  EXPECT_TRUE(k.fp32);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "fp32 SIMT"));
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "no float atomics"));
+}
+
+TEST(CudaDispatch, RulesTextNamesTheSwitches) {
+  const std::string r = dispatch_rules();
+  for (const char* s : {"SINKATTN_CUDA_NO_SM90", "SINKATTN_CUDA_NO_TMA", "SINKATTN_CUDA_DET_SM80", "512",
+                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE"})
+    EXPECT_TRUE(has(r, s)) << s;
+}
+
+}  // namespace
+}  // namespace sinkattn::cuda

@@ -1,0 +1,388 @@
+// The shared definitions of src/common (mask, window clamp, sequence bounds, row addressing) against brute force,
+// and the fixed dq order of the deterministic Hopper backward (src/cuda/dq_order.hpp): every key block that sees a
+// query block takes exactly one turn, the turns are the key blocks in ascending order, and the kernel's sequence of
+// waits and releases cannot deadlock for any number of resident blocks (simulated with random interleavings).
+// Host-only: the headers are compiled by the C++ compiler (SINKATTN_HD = inline); the kernels include the same ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/mask.hpp"
+#include "common/rows.hpp"
+#include "common/seq.hpp"
+#include "cuda/dq_order.hpp"
+#include "cuda/scheduler.hpp"
+#include "cuda/tiles.hpp"
+
+namespace sinkattn {
+namespace {
+
+// SPEC.md section 2, written out directly.
+// 128-bit arithmetic: windows up to INT64_MAX (the C ABI allows them) do not overflow here.
+bool spec_visible(bool br, int64_t wl, int64_t wr, int64_t lq, int64_t lk, int64_t i, int64_t j) {
+  const __int128 off = br ? lk - lq : 0;
+  if (i < 0 || i >= lq || j < 0 || j >= lk) return false;
+  if (wl >= 0 && j < i + off - wl) return false;
+  if (wr >= 0 && j > i + off + wr) return false;
+  return true;
+}
+
+struct MaskCase {
+  bool br;
+  int64_t wl, wr, lq, lk;
+};
+
+MaskCase random_case(std::mt19937_64& r, int64_t cap) {
+  auto U = [&](int64_t a, int64_t b) { return std::uniform_int_distribution<int64_t>(a, b)(r); };
+  MaskCase m;
+  m.br = U(0, 1) == 1;
+  m.lq = U(0, cap);
+  m.lk = U(0, cap);
+  const int w = static_cast<int>(U(0, 5));
+  m.wl = w == 0 ? -1 : w == 1 ? 0 : U(0, cap);
+  m.wr = w == 2 ? -1 : w == 3 ? 0 : U(0, cap);
+  if (w == 4) m.wl = m.wr = -1;
+  return m;
+}
+
+TEST(CommonMask, RangesMatchSpec) {
+  std::mt19937_64 r(11);
+  for (int iter = 0; iter < 400; ++iter) {
+    const MaskCase m = random_case(r, 90);
+    const BandMask<int64_t> mk(m.br, m.wl, m.wr, m.lq, m.lk);
+    const BandMask<int> mk32(m.br, static_cast<int>(m.wl), static_cast<int>(m.wr), static_cast<int>(m.lq),
+                             static_cast<int>(m.lk));
+    for (int64_t i = 0; i < m.lq; ++i)
+      for (int64_t j = 0; j < m.lk; ++j)
+        ASSERT_EQ(mk.visible(i, j), spec_visible(m.br, m.wl, m.wr, m.lq, m.lk, i, j)) << i << " " << j;
+    // Row blocks and key blocks of a few sizes: the ranges are exactly the union of the visible pairs, and
+    // contiguous (every index in between is seen by the block). by_rows: [b0, b1) are rows, the range is of keys.
+    const auto check = [&](bool by_rows, int64_t b0, int64_t b1, int64_t lo, int64_t hi) {
+      const int64_t other = by_rows ? m.lk : m.lq;
+      const auto vis = [&](int64_t x, int64_t y) {
+        return spec_visible(m.br, m.wl, m.wr, m.lq, m.lk, by_rows ? x : y, by_rows ? y : x);
+      };
+      int64_t elo = INT64_MAX, ehi = INT64_MIN;
+      for (int64_t x = b0; x < b1; ++x)
+        for (int64_t y = 0; y < other; ++y)
+          if (vis(x, y)) elo = std::min(elo, y), ehi = std::max(ehi, y + 1);
+      if (elo == INT64_MAX) {
+        ASSERT_GE(lo, hi) << "nothing visible, but a non-empty range";
+        return;
+      }
+      ASSERT_EQ(lo, elo);
+      ASSERT_EQ(hi, ehi);
+      for (int64_t y = lo; y < hi; ++y) {
+        bool any = false;
+        for (int64_t x = b0; x < b1; ++x) any = any || vis(x, y);
+        ASSERT_TRUE(any);
+      }
+    };
+    for (int64_t bs : {1, 7, 16, 64}) {
+      for (int64_t i0 = 0; i0 < m.lq; i0 += bs) {
+        const int64_t i1 = std::min(i0 + bs, m.lq);
+        int64_t lo, hi;
+        mk.key_range(i0, i1, lo, hi);
+        check(true, i0, i1, lo, hi);
+        int lo32, hi32;
+        mk32.key_range(static_cast<int>(i0), static_cast<int>(i1), lo32, hi32);
+        ASSERT_EQ(lo32, lo);
+        ASSERT_EQ(hi32, hi);
+      }
+      for (int64_t j0 = 0; j0 < m.lk; j0 += bs) {
+        int64_t lo, hi;
+        mk.query_range(j0, std::min(j0 + bs, m.lk), lo, hi);
+        check(false, j0, std::min(j0 + bs, m.lk), lo, hi);
+      }
+    }
+    // tile_all_visible: true exactly when every pair of the tile is visible (rows inside len_q).
+    for (int64_t i0 = 0; i0 < m.lq; i0 += 16)
+      for (int64_t j0 = 0; j0 < m.lk + 16; j0 += 16) {
+        const int64_t bm = std::min<int64_t>(16, m.lq - i0);
+        bool all = true;
+        for (int64_t i = i0; i < i0 + bm; ++i)
+          for (int64_t j = j0; j < j0 + 16; ++j) all = all && spec_visible(m.br, m.wl, m.wr, m.lq, m.lk, i, j);
+        ASSERT_EQ(mk.tile_all_visible(i0, bm, j0, 16), all) << i0 << " " << j0;
+      }
+  }
+}
+
+TEST(CommonMask, WindowClampChangesNothing) {
+  std::mt19937_64 r(12);
+  for (int iter = 0; iter < 300; ++iter) {
+    MaskCase m = random_case(r, 60);
+    const int64_t s_q = m.lq + std::uniform_int_distribution<int64_t>(0, 5)(r);
+    const int64_t s_kv = m.lk + std::uniform_int_distribution<int64_t>(0, 5)(r);
+    // Huge windows (up to the int64 range of the C ABI) and windows around the cap.
+    const int64_t huge[] = {s_q + s_kv - 1, s_q + s_kv, s_q + s_kv + 1, int64_t(1) << 40, INT64_MAX};
+    const int64_t wl = std::uniform_int_distribution<int>(0, 1)(r) ? huge[iter % 5] : m.wl;
+    const int64_t wr = std::uniform_int_distribution<int>(0, 1)(r) ? huge[(iter / 5) % 5] : m.wr;
+    const int64_t cl = clamp_window(wl, s_q, s_kv), cr = clamp_window(wr, s_q, s_kv);
+    ASSERT_LE(cl, s_q + s_kv);
+    ASSERT_LE(cr, s_q + s_kv);
+    ASSERT_EQ(cl < 0, wl < 0);
+    ASSERT_EQ(cr < 0, wr < 0);
+    for (int64_t i = 0; i < m.lq; ++i)
+      for (int64_t j = 0; j < m.lk; ++j)
+        ASSERT_EQ(spec_visible(m.br, cl, cr, m.lq, m.lk, i, j), spec_visible(m.br, wl, wr, m.lq, m.lk, i, j));
+  }
+  EXPECT_EQ(clamp_window(-5, 10, 10), -1);
+  EXPECT_EQ(clamp_window(3, 10, 10), 3);
+}
+
+TEST(CommonSeq, BoundsAndClamp) {
+  const int32_t cu_q[] = {0, 3, 3, 10}, cu_kv[] = {0, 5, 9, 9}, used[] = {4, 2, 0};
+  BatchTensors bt;
+  bt.varlen = 1;
+  bt.cu_seqlens_q = cu_q;
+  bt.cu_seqlens_kv = cu_kv;
+  bt.seqused_kv = used;
+  bt.cu_q_st = bt.cu_kv_st = bt.seqused_st = 1;
+  bt.s_q = 7;
+  bt.s_kv = 5;
+  const SeqSpan<int64_t> s1 = seq_span<int64_t>(bt, 1);
+  EXPECT_EQ(s1.q_start, 3);
+  EXPECT_EQ(s1.kv_start, 5);
+  EXPECT_EQ(s1.len_q, 0);
+  EXPECT_EQ(s1.rows_kv, 4);
+  EXPECT_EQ(s1.len_kv, 2);
+  const SeqSpan<int> s2 = seq_span<int>(bt, 2);
+  EXPECT_EQ(s2.len_q, 7);
+  EXPECT_EQ(s2.rows_kv, 0);
+  EXPECT_EQ(s2.len_kv, 0);
+  // A sequence longer than max_seqlen (the contract broken): clamp_to_extents keeps it inside the grid.
+  BatchTensors bt2 = bt;
+  bt2.s_q = bt2.s_kv = 5;
+  const SeqSpan<int64_t> c = clamp_to_extents(seq_span<int64_t>(bt2, 2), int64_t(5), int64_t(5));
+  EXPECT_EQ(c.rows_q, 5);
+  EXPECT_EQ(c.len_q, 5);
+  BatchTensors dense;
+  const int32_t lq[] = {2, 9};
+  dense.seqlens_q = lq;
+  dense.seqlens_q_st = 1;
+  dense.s_q = 6;
+  dense.s_kv = 4;
+  const SeqSpan<int64_t> d1 = seq_span<int64_t>(dense, 1);
+  EXPECT_EQ(d1.len_q, 6);  // capped by the rows it indexes
+  EXPECT_EQ(d1.rows_q, 6);
+  EXPECT_EQ(d1.len_kv, 4);
+  EXPECT_EQ(seq_span<int64_t>(dense, 0).len_q, 2);
+  RowStrides st{1000, 10, 3};
+  EXPECT_EQ(row_offset(st, 2, 5, 1), 2053);
+  EXPECT_EQ(lse_offset(100, 20, 1, 1, 2, 7), 147);
+}
+
+// ---- the deterministic dq order of the Hopper dK dV kernel ----
+
+constexpr int kBM = cuda::tiles::dkdv_sm90_block_m(64), kBN = cuda::tiles::dkdv_sm90_block_n(64);
+
+// One sequence of a call: its lengths and mask.
+struct Seq {
+  int len_q, len_kv, rows_kv;
+};
+
+// The events of one block of the kernel (kDet), in program order: a release of a query block's turn, or a wait for
+// the turn `turn` of query block qb followed by that step's adds.
+struct Event {
+  bool release;
+  int qb, turn;
+};
+
+std::vector<Event> block_events(const BandMask<int>& mk, int kb, int rows_kv, int group) {
+  std::vector<Event> ev;
+  const int j0 = kb * kBN;
+  if (j0 >= rows_kv) return ev;  // the kernel returns before any step
+  int qb_lo, nq;
+  query_blocks_of_key_block<kBM, kBN>(mk, j0, qb_lo, nq);
+  const int iters = nq * group;
+  using Order = cuda::StepOrder<true>;
+  int ih, iq, held = -1;  // the query block whose turn the block holds, tracked here to check the kernel's formulas
+  Order::first(nq, group, ih, iq);
+  for (int it = 0; it < iters; ++it) {
+    const int qb = qb_lo + iq;
+    if (Order::opens_query_block(ih)) {
+      if (it > 0) {  // the kernel releases qb_lo + previous_query_block(iq)
+        EXPECT_EQ(qb_lo + Order::previous_query_block(iq), held);
+        ev.push_back({true, qb_lo + Order::previous_query_block(iq), 0});
+      }
+      ev.push_back({false, qb, cuda::dq_turn<kBM, kBN>(mk, kb, qb)});
+      held = qb;
+    }
+    Order::next(nq, group, ih, iq);
+  }
+  if (iters > 0) {  // the kernel releases qb_lo + last_query_block(nq) after the loop
+    EXPECT_EQ(qb_lo + Order::last_query_block(nq), held);
+    ev.push_back({true, qb_lo + Order::last_query_block(nq), 0});
+  }
+  return ev;
+}
+
+struct SimCall {
+  std::vector<Seq> seqs;
+  bool br;
+  int wl, wr, h_kv, group, s_q, s_kv;
+};
+
+SimCall random_call(std::mt19937& r) {
+  auto U = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(r); };
+  SimCall c;
+  c.br = U(0, 1) == 1;
+  const int w = U(0, 5);
+  c.wl = w == 0 ? -1 : w == 1 ? U(0, 300) : w == 2 ? 127 : -1;
+  c.wr = w == 3 ? -1 : w == 4 ? U(0, 200) : 0;
+  if (w == 5) c.wl = c.wr = -1;
+  c.h_kv = U(1, 3);
+  c.group = U(0, 2) == 0 ? 1 : U(1, 8);
+  const int b = U(1, 4);
+  c.s_q = U(1, 1300);
+  c.s_kv = U(0, 1) ? c.s_q : U(1, 1300);
+  for (int n = 0; n < b; ++n) {
+    Seq s;
+    s.len_q = U(0, 3) == 0 ? c.s_q : U(0, c.s_q);
+    s.rows_kv = U(0, 3) == 0 ? c.s_kv : U(0, c.s_kv);
+    s.len_kv = U(0, 3) == 0 ? s.rows_kv : U(0, s.rows_kv);
+    c.seqs.push_back(s);
+  }
+  return c;
+}
+
+// Runs every block of the call to the end with at most `resident` blocks at once, tickets in launch order, events
+// interleaved at random. Fails on a deadlock (every resident block waiting) or a broken order.
+void simulate(const SimCall& c, int resident, std::mt19937& r) {
+  const int gx = (c.s_kv + kBN - 1) / kBN, gy = c.h_kv, gz = static_cast<int>(c.seqs.size());
+  const int n_qb = (c.s_q + kBM - 1) / kBM;
+  std::vector<unsigned> sem(static_cast<size_t>(cuda::dq_sem_count(gz, gy, n_qb)), 0u);
+  std::map<int64_t, std::vector<int>> adds;  // semaphore -> key blocks in the order they added
+  struct Running {
+    std::vector<Event> ev;
+    size_t pos;
+    int n, hk, kb;
+  };
+  std::vector<Running> run;
+  const long total = static_cast<long>(gx) * gy * gz;
+  long next_ticket = 0;
+  for (;;) {
+    while (static_cast<int>(run.size()) < resident && next_ticket < total) {
+      const cuda::TileCoord t = cuda::tile_of_linear(
+          static_cast<unsigned long long>(next_ticket++),
+          cuda::tile_pairs(static_cast<unsigned>(gy), static_cast<unsigned>(gz)), static_cast<unsigned>(gx),
+          static_cast<unsigned>(gy), false);
+      const Seq& s = c.seqs[t.batch];
+      const BandMask<int> mk(c.br, c.wl, c.wr, s.len_q, s.len_kv);
+      run.push_back({block_events(mk, t.block, s.rows_kv, c.group), 0, t.batch, t.head, t.block});
+    }
+    if (run.empty()) break;
+    std::vector<size_t> ready;
+    for (size_t k = 0; k < run.size(); ++k) {
+      const Running& b = run[k];
+      if (b.pos == b.ev.size()) {
+        ready.push_back(k);
+        continue;
+      }
+      const Event& e = b.ev[b.pos];
+      const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
+      if (e.release || sem[static_cast<size_t>(si)] == static_cast<unsigned>(e.turn)) ready.push_back(k);
+      ASSERT_LE(static_cast<long>(sem[static_cast<size_t>(si)]), e.release ? 1L << 30 : e.turn)
+          << "a turn passed before this block took it";
+    }
+    if (ready.empty()) {
+      for (const Running& b : run) {
+        const Event& e = b.ev[b.pos];
+        const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
+        ADD_FAILURE() << "block n " << b.n << " hk " << b.hk << " kb " << b.kb << " waits for qb " << e.qb << " turn "
+                      << e.turn << ", counter " << sem[static_cast<size_t>(si)] << " (len_q " << c.seqs[b.n].len_q
+                      << " len_kv " << c.seqs[b.n].len_kv << ")";
+      }
+    }
+    ASSERT_FALSE(ready.empty()) << "deadlock with " << run.size() << " resident blocks";
+    const size_t k = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(r)];
+    Running& b = run[k];
+    if (b.pos == b.ev.size()) {
+      run.erase(run.begin() + static_cast<long>(k));
+      continue;
+    }
+    const Event& e = b.ev[b.pos++];
+    const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
+    ASSERT_GE(si, 1);
+    ASSERT_LT(si, static_cast<int64_t>(sem.size()));
+    if (e.release) {
+      ++sem[static_cast<size_t>(si)];
+    } else {
+      adds[si].push_back(b.kb);
+    }
+  }
+  // Every query block: added to by exactly the key blocks that see it (brute force over the mask), ascending.
+  for (int n = 0; n < gz; ++n) {
+    const Seq& s = c.seqs[n];
+    for (int hk = 0; hk < gy; ++hk)
+      for (int qb = 0; qb < n_qb; ++qb) {
+        std::vector<int> want;
+        for (int kb = 0; kb < gx; ++kb) {
+          bool sees = false;
+          for (int i = qb * kBM; i < std::min((qb + 1) * kBM, s.len_q) && !sees; ++i)
+            for (int j = kb * kBN; j < std::min((kb + 1) * kBN, s.len_kv) && !sees; ++j)
+              sees = spec_visible(c.br, c.wl, c.wr, s.len_q, s.len_kv, i, j);
+          if (sees) want.push_back(kb);
+        }
+        const int64_t si = cuda::dq_sem_index(n, hk, gy, n_qb, qb);
+        const std::vector<int>& got = adds[si];
+        ASSERT_EQ(got, want) << "n " << n << " hk " << hk << " qb " << qb;
+        ASSERT_EQ(sem[static_cast<size_t>(si)], want.size());
+      }
+  }
+}
+
+TEST(DqOrder, EveryTurnOnceAscendingNoDeadlock) {
+  std::mt19937 r(5);
+  for (int iter = 0; iter < 250; ++iter) {
+    const SimCall c = random_call(r);
+    for (int resident : {1, 2, 7, 1000}) {
+      simulate(c, resident, r);
+      if (HasFatalFailure()) {
+        ADD_FAILURE() << "call " << iter << ": s_q " << c.s_q << " s_kv " << c.s_kv << " wl " << c.wl << " wr " << c.wr
+                      << " br " << c.br << " group " << c.group << " resident " << resident;
+        return;
+      }
+    }
+  }
+}
+
+TEST(DqOrder, GptOssShapes) {
+  std::mt19937 r(6);
+  for (int wl : {-1, 127}) {
+    SimCall c;
+    c.br = true;
+    c.wl = wl;
+    c.wr = 0;
+    c.h_kv = 2;
+    c.group = 8;
+    c.s_q = c.s_kv = 4096;
+    c.seqs = {{4096, 4096, 4096}};
+    for (int resident : {1, 9, 132}) simulate(c, resident, r);
+  }
+}
+
+TEST(Scheduler, LaunchOrderIsLongestFirst) {
+  // The dK dV order (heavy_last = false): key block index nondecreasing in the linear id, every pair once per block.
+  const unsigned gx = 5, gy = 3, gz = 2;
+  std::set<std::tuple<int, int, int>> seen;
+  int last = -1;
+  for (unsigned long long l = 0; l < gx * gy * gz; ++l) {
+    const cuda::TileCoord t = cuda::tile_of_linear(l, cuda::tile_pairs(gy, gz), gx, gy, false);
+    EXPECT_GE(t.block, last);
+    last = t.block;
+    seen.insert({t.block, t.head, t.batch});
+    const cuda::TileCoord u = cuda::tile_of_linear(l, cuda::tile_pairs(gy, gz), gx, gy, true);
+    EXPECT_EQ(u.block, static_cast<int>(gx) - 1 - t.block);
+  }
+  EXPECT_EQ(seen.size(), gx * gy * gz);
+}
+
+}  // namespace
+}  // namespace sinkattn
