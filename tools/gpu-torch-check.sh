@@ -46,7 +46,8 @@ if has pytest; then
   # The float64 reference (pure JAX) runs on JAX's CPU backend, next to PyTorch's GPU work.
   (cd /tmp && JAX_PLATFORMS=cpu timeout "${PYTEST_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider \
     "$OLDPWD"/tests/python/test_torch_op.py "$OLDPWD"/tests/python/test_torch_edge_cases.py \
-    "$OLDPWD"/tests/python/test_torch_hf.py "$OLDPWD"/tests/python/test_torch_example.py) >"$OUT/torch_pytest.log" 2>&1
+    "$OLDPWD"/tests/python/test_torch_hf.py "$OLDPWD"/tests/python/test_torch_example.py \
+    "$OLDPWD"/tests/python/test_torch_kvcache.py) >"$OUT/torch_pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "torch pytest (GPU): rc=$rc in $(($(date +%s) - t0)) s; $(tail -1 "$OUT/torch_pytest.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/torch_pytest.log" | head -30 | tee -a "$SUMMARY"
