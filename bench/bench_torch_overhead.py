@@ -7,6 +7,8 @@ Tiny shapes (b=1, s=1, h=1, d=8, learnable sinks, causal), so that the work itse
   C ABI               size query + sinkattn_forward / sinkattn_backward through ctypes on prepared tensors
   op                  torch.ops.sinkattn.fwd / bwd (dispatcher, argument boxing, output and workspace allocation)
   flash_attn_func     the Python API (argument checks, sink upcast), without and with autograd (forward + backward)
+  op .default ...     the op's time split: without the packet's overload resolution, below the autograd kernel, the
+                      CPU / CUDA kernel alone (dispatcher, boxing, the C++ body), and three allocations
   custom_op + ctypes  the other binding route, for the record: a torch.library.custom_op in Python whose body fills
                       sinkattn_params_t through ctypes and makes the same C ABI call (forward only, no fake kernel)
 The op's overhead is  op - (C ABI - 2 x ctypes no-op)  (the C ABI line pays two ctypes calls).
@@ -74,10 +76,24 @@ def main():
         torch_cabi.call(lib, pp)
         return o, l
 
+    fwd_default = torch.ops.sinkattn.fwd.default
+    backend_keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA if dev == "cuda" else torch._C.DispatchKey.CPU)
+
+    def below_autograd(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return fwd_default(*args)
+
     rows = [
         ("ctypes no-op", timed(lambda: lib.sinkattn_params_size(), n)),
         ("C ABI forward", timed(lambda: torch_cabi.call(lib, pf), n)),
         ("op forward", timed(lambda: torch.ops.sinkattn.fwd(*fwd_args), n)),
+        # where the op's time goes: the overload without the packet's resolution, the same below the autograd
+        # kernel (what the API calls without grad), the backend kernel alone (dispatcher + boxing + the C++ body),
+        # and the output allocations the body makes (out, lse, workspace-sized)
+        ("  op .default", timed(lambda: fwd_default(*fwd_args), n)),
+        ("  op .default below autograd", timed(lambda: below_autograd(*fwd_args), n)),
+        ("  op backend kernel only", timed(lambda: fwd_default.redispatch(backend_keys, *fwd_args), n)),
+        ("  3 x torch.empty", timed(lambda: (torch.empty_like(q), torch.empty_like(lse), torch.empty(256, device=dev)), n)),
         ("flash_attn_func (no grad)", timed(lambda: st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks), n)),
         ("custom_op + ctypes forward", timed(lambda: probe(q, k, v, sinks), n)),
         ("C ABI backward", timed(lambda: torch_cabi.call(lib, pb, backward=True), n)),

@@ -16,7 +16,7 @@
 // (sinkattn_last_error) becomes the Python exception (RuntimeError "sinkattn: ..."). Shapes and dtypes:
 //   dense  q [b, s_q, h_q, d], k [b, s_kv, h_kv, d], v [b, s_kv, h_kv, d_v] -> out [b, s_q, h_q, d_v] (q's dtype),
 //          softmax_lse fp32 [b, h_q, s_q];  varlen (cu_seqlens_q given) q [total_q, h_q, d] -> out [total_q, h_q, d_v],
-//          softmax_lse fp32 [h_q, total_q]; rng_state int64 [2] = {seed, offset} (SPEC.md section 2, dropout).
+//          softmax_lse fp32 [h_q, total_q]; rng_state int64 [2] = {seed, offset} with dropout_p > 0, else [0] (SPEC.md section 2, dropout).
 //   bwd: dq, dk, dv of the shapes and dtype of q, k, v; d_sinks fp32 [h_q] (learnable, else [0]); d_bias of bias's
 //        dtype and shape (else [0]). Every output is a new contiguous tensor.
 // The same kernel function serves the CPU and CUDA dispatch keys: the memory of the tensors picks the library's
@@ -261,10 +261,13 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
                       : new_tensor({q.size(0), q.size(1), h_q, d_v}, torch_dtype(q), q);
   Tensor lse = varlen ? new_tensor({h_q, q.size(0)}, aoti_torch_dtype_float32(), q)
                       : new_tensor({q.size(0), h_q, q.size(1)}, aoti_torch_dtype_float32(), q);
-  Tensor rng_state = new_tensor({2}, aoti_torch_dtype_int64(), q);
+  // {seed, offset} of the dropout mask (SPEC.md section 3) when dropout is on; without dropout an empty [0] tensor:
+  // nothing to reproduce, and no allocation or kernel launch on the hot path.
+  const bool dropout = dropout_p > 0.0;
+  Tensor rng_state = new_tensor({dropout ? 2 : 0}, aoti_torch_dtype_int64(), q);
   p.out = call.view(out, "out");
   p.softmax_lse = call.view(lse, "softmax_lse");
-  p.rng_state = call.view(rng_state, "rng_state");
+  if (dropout) p.rng_state = call.view(rng_state, "rng_state");
   const std::optional<Tensor> ws = workspace(&p, /*backward=*/false, q);
   check_status(sinkattn_forward(&p));
   clear_unowned_rows(varlen, &p, /*backward=*/false);

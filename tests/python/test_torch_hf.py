@@ -173,6 +173,30 @@ def test_gpt_oss_bf16_gpu_gradients_against_fp32_eager(batch):
     assert worst_s <= 2 * worst_e + 1e-3, (worst_s, worst_e)
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if _GPU else []))
+def test_gpt_oss_fp32_model_under_autocast(device, monkeypatch):
+    """A float32 model trained under torch.autocast (the example's and TRL's bf16 setting): GPT-OSS's rotary
+    embedding hands the attention float32 q, k and a bf16 v; sinkattn runs them in bf16 (never the float32 path,
+    never a dtype error), judged against fp32 eager as the bf16 test judges: loss within 2x autocast eager's error
+    + 1e-2 relative, gradients within 2x its largest error + 1e-3."""
+    import sinkattn.torch._ops as ops
+
+    seen = []
+    real = ops.attention
+    monkeypatch.setattr(ops, "attention", lambda *a: seen.append(a[0].dtype) or real(*a))
+    inputs = batches(device)["plain"]
+    ms = models(["eager", "sinkattn"], torch.float32, device)
+    l_ref, g_ref = loss_and_grads(ms["eager"], **inputs)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        l_e, g_e = loss_and_grads(ms["eager"], **inputs)
+        l_s, g_s = loss_and_grads(ms["sinkattn"], **inputs)
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    assert abs(float(l_s - l_ref)) <= 2 * abs(float(l_e - l_ref)) + 1e-2 * abs(float(l_ref))
+    worst_s = max(rel(g_s[n], g_ref[n]) for n in g_ref)
+    worst_e = max(rel(g_e[n], g_ref[n]) for n in g_ref)
+    assert worst_s <= 2 * worst_e + 1e-3, (worst_s, worst_e)
+
+
 def test_from_pretrained_local_checkpoint(tmp_path):
     """from_pretrained(..., attn_implementation="sinkattn") of a locally saved GPT-OSS gives eager's loss."""
     ms = models(["eager"])

@@ -107,6 +107,28 @@ def test_flash_attn_func_conventions(device):
     torch.testing.assert_close(o4, o5, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_runs_in_the_autocast_dtype(device):
+    """Under torch.autocast, float32 q, k, v are cast to the autocast dtype (as autocast does for SDPA), never run on
+    the float32 path: out in that dtype, bitwise the call on the cast tensors; gradients in float32 (through the cast),
+    equal to the low-precision call's gradients; the sink stays float32."""
+    q, k, v, sinks = _qkv(device, s_q=19, s_kv=27)
+    d_out = torch.randn(2, 19, 4, 32, generator=torch.Generator().manual_seed(5)).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks)
+        ref = st.flash_attn_func(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), causal=True,
+                                 learnable_sink=sinks)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    g = torch.autograd.grad(out, [q, k, v, sinks], d_out.to(torch.bfloat16))
+    g_ref = torch.autograd.grad(ref, [q, k, v, sinks], d_out.to(torch.bfloat16))
+    assert [x.dtype for x in g] == [torch.float32] * 4
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # outside autocast nothing is cast
+    assert st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks).dtype == torch.float32
+
+
 @pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_learnable_sink_dtypes(sink_dtype):
     q, k, v, sinks = _qkv(grad=False)
@@ -260,6 +282,7 @@ def test_opcheck(device, case):
     d_out = torch.randn_like(out)
     d_lse = torch.randn_like(lse)
     (max_q, max_kv, st_, scale, wl, wr, align, p) = args[11:19]
+    assert rng_state.dtype == torch.int64 and rng_state.shape == ((2,) if p > 0 else (0,))  # [0] without dropout
     bwd_args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in (
         d_out, q, k, v, out, lse, d_lse, sinks, bias, cu_q, cu_k, None, None, None, max_q, max_kv, st_, scale, wl, wr,
         align, p, rng_state, False, False))

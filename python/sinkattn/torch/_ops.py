@@ -63,7 +63,7 @@ def _register_fake() -> None:
         else:  # dense: out [b, s_q, h_q, d_v], lse [b, h_q, s_q]
             out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], d_v))
             lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-        return out, lse, q.new_empty((2,), dtype=torch.int64)
+        return out, lse, q.new_empty((2 if dropout_p > 0.0 else 0,), dtype=torch.int64)  # [0] without dropout
 
     @torch.library.register_fake("sinkattn::bwd")
     def _bwd_fake(d_out, q, k, v, out, softmax_lse, d_lse, sinks, bias, cu_seqlens_q, cu_seqlens_kv, seqused_kv,
@@ -99,7 +99,7 @@ def _backward(ctx, d_out, d_lse, _d_rng):
     if d_lse is not None:
         d_lse = _last_dim_contiguous(d_lse.to(torch.float32))
     max_q, max_kv, softmax_type, softmax_scale, wl, wr, align, dropout_p = ctx.options
-    dq, dk, dv, d_sinks, d_bias = torch.ops.sinkattn.bwd(
+    dq, dk, dv, d_sinks, d_bias = torch.ops.sinkattn.bwd.default(
         d_out, q, k, v, out, lse, d_lse, sinks, bias, cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv, max_q, max_kv,
         softmax_type, softmax_scale, wl, wr, align, dropout_p, rng_state, ctx.deterministic, ctx.trust)
     learnable = softmax_type == _LEARNABLE and sinks is not None
@@ -124,10 +124,10 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *args):
         if torch.compiler.is_compiling():
-            output = torch.ops.sinkattn.fwd(*args)
+            output = torch.ops.sinkattn.fwd.default(*args)
         else:
             with torch._C._AutoDispatchBelowAutograd():  # straight to the CPU / CUDA kernel
-                output = torch.ops.sinkattn.fwd(*args)
+                output = torch.ops.sinkattn.fwd.default(*args)
         _setup_context(ctx, args, output)
         return output
 
@@ -135,9 +135,9 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(*args):
-    """(out, softmax_lse, rng_state) of torch.ops.sinkattn.fwd(*args), differentiable (see _Attention)."""
+    """(out, softmax_lse, rng_state) of torch.ops.sinkattn.fwd.default(*args), differentiable (see _Attention)."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args[:5])):
         return _Attention.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.sinkattn.fwd(*args)
+        return torch.ops.sinkattn.fwd.default(*args)

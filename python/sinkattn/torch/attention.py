@@ -46,6 +46,17 @@ def _int32(x: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
     return x if x.dtype == torch.int32 else x.to(torch.int32)
 
 
+def _autocast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Under torch.autocast for q's device, q, k and v in the autocast dtype (differentiably), as autocast does for
+    scaled_dot_product_attention; bias and sinks keep their dtypes (the library reads them in float32). Outside
+    autocast the tensors are returned as they are."""
+    dev = q.device.type
+    if not torch.is_autocast_enabled(dev):
+        return q, k, v
+    dt = torch.get_autocast_dtype(dev)
+    return tuple(x if x.dtype == dt else x.to(dt) for x in (q, k, v))
+
+
 def _rng_seed_offset(q: torch.Tensor, rng_seed_offset, generator) -> torch.Tensor:
     """int64 [2] {seed, offset} of SPEC.md section 2 on q's device: as given, or drawn from PyTorch's RNG (the
     default generator of q's device, or `generator`) without a host round trip, so it is CUDA-graph capturable."""
@@ -97,13 +108,15 @@ def dot_product_attention(
     no copy): dense ``q [b, s_q, h_q, d]``, ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, d_v]``; varlen
     (``cu_seqlens_q`` given) ``q [total_q, h_q, d]``, ``k / v [total_kv, h_kv, d | d_v]``. ``h_q % h_kv == 0`` (MHA,
     GQA, MQA). Dtypes float32, float16 or bfloat16, the same for q, k, v (CPU: all three; CUDA: all three, fp32
-    on a SIMT path). CPU tensors run on the library's CPU backend, CUDA tensors on its CUDA backend on PyTorch's
+    on a SIMT path, far slower than the tensor-core fp16 / bf16 kernels). Under ``torch.autocast`` for their device,
+    q, k and v are cast to the autocast dtype first (as autocast does for ``scaled_dot_product_attention``), and
+    ``out`` has that dtype. CPU tensors run on the library's CPU backend, CUDA tensors on its CUDA backend on PyTorch's
     current stream.
 
     Returns ``out`` (q's dtype; ``[b, s_q, h_q, d_v]`` or ``[total_q, h_q, d_v]``), or a tuple ``(out, lse)``
     (``return_lse``), ``(out, rng_state)`` (``return_rng_state``) or ``(out, lse, rng_state)``. ``lse`` is float32,
     natural log, includes the sink, ``[b, h_q, s_q]`` or ``[h_q, total_q]``, and differentiable (its gradient is the
-    library's ``d_lse``). ``rng_state`` is int64 ``[2]`` = {seed, offset} of the dropout mask. Rows of a varlen
+    library's ``d_lse``). ``rng_state`` is int64 ``[2]`` = {seed, offset} of the dropout mask (an empty ``[0]`` tensor without dropout). Rows of a varlen
     buffer after ``cu_seqlens_q[-1]`` get ``out = 0`` and ``lse = -inf``; their gradients (and those of k / v rows
     after ``cu_seqlens_kv[-1]``) are 0.
 
@@ -153,6 +166,7 @@ def dot_product_attention(
     _check(mask_alignment in _ops.ALIGNMENTS,
            lambda: f"mask_alignment must be one of {list(_ops.ALIGNMENTS)}, got {mask_alignment!r}")
     window_left, window_right = _window(causal, window_size)
+    q, k, v = _autocast(q, k, v)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
 
     varlen = cu_seqlens_q is not None or cu_seqlens_kv is not None

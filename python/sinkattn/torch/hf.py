@@ -75,6 +75,19 @@ def _runs_of(position_ids: torch.Tensor, batch: int, length: int) -> Optional[tu
     return cu, int(cu.diff().max())
 
 
+def _same_dtype(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """query, key, value in one dtype, as transformers' FlashAttention path does it: a float32 query (rotary
+    embeddings upcast q and k; a float32 model under autocast) goes to the autocast dtype when autocast is on for its
+    device (sinkattn.torch.dot_product_attention casts), else to the dtype of the layer's first Linear weight; key and
+    value follow the query."""
+    target = query.dtype
+    if query.dtype == torch.float32 and not torch.is_autocast_enabled(query.device.type):
+        linear = next((m for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
+        if linear is not None and linear.weight.is_floating_point():
+            target = linear.weight.dtype
+    return tuple(x if x.dtype == target else x.to(target) for x in (query, key, value))
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       sliding_window: Optional[int] = None, softcap: Optional[float] = None,
@@ -84,7 +97,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if softcap is not None:
         raise ValueError("sinkattn: softcap is not supported (SPEC.md has no logit soft-capping)")
     b, s_q, s_kv = query.shape[0], query.shape[2], key.shape[2]
-    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    q, k, v = (x.transpose(1, 2) for x in _same_dtype(module, query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and not (attention_mask is not None and attention_mask.dim() == 4)
     window = (-1, -1)
