@@ -70,18 +70,26 @@ inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t r
 // The launchers run the kernel the dispatch chose (dispatch.cpp: KernelChoice); a choice this tile has no kernel
 // for is an internal error (cudaErrorInvalidValue).
 
+// The TMA descriptors of a Hopper forward's Q, K and V tiles (block_m query rows, block_n key rows per box); ok =
+// false (the kernels load by cp.async) when the dispatch turned TMA off or the encoder refuses a description.
+template <typename T>
+sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block_m, int block_n) {
+  sm90::Sm90FwdTma tma{};
+  const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
+  const int64_t nb = p.varlen ? 1 : p.b;
+  tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, block_m) &&
+           make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, block_n) &&
+           make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, block_n);
+  return tma;
+}
+
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
 template <typename T, int HD, int NC>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using TrW = sm90::FwdWsTraits<HD, NC>;
   cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD, NC>, TrW::kSmem);
   if (e != cudaSuccess) return e;
-  sm90::Sm90FwdTma tma{};
-  const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
-  const int64_t nb = p.varlen ? 1 : p.b;
-  tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, TrW::kBlockM) &&
-           make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, TrW::kBlockN) &&
-           make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, TrW::kBlockN);
+  const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
   // Persistent blocks (one per SM) walk the tiles in longest-first order, or one block per tile
   // (kc.fwd_persistent, SINKATTN_CUDA_FWD_WS_PERSISTENT in dispatch.hpp).
   const int64_t tiles = static_cast<int64_t>((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM) * p.h_q * p.b;
@@ -112,12 +120,7 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
         static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");
         cudaError_t e = prepare_smem(sm90::fwd_sm90_kernel<T, HD>, Tr90::kSmem);
         if (e != cudaSuccess) return e;
-        sm90::Sm90FwdTma tma{};
-        const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
-        const int64_t nb = p.varlen ? 1 : p.b;
-        tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
-                 make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, Tr90::kBlockN) &&
-                 make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, Tr90::kBlockN);
+        const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, Tr90::kBlockM, Tr90::kBlockN);
         sm90::fwd_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
         return cudaGetLastError();
       }
