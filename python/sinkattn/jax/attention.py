@@ -92,36 +92,30 @@ def _sd(x):
     return (tuple(x.shape), x.dtype)
 
 
+def _operands(*entries):
+    """(bitmask, operand list, {param field: array}) of the present optional operands, in the order of `entries` (the
+    handler's protocol order, python/ffi/ffi_handlers.cpp). Each entry is (bit, ((field or None, array), ...)); it is
+    absent when its first array is None. A field of None is an operand without a sinkattn_params_t field here."""
+    bits, ops, fields = 0, [], {}
+    for bit, items in entries:
+        if items[0][1] is None:
+            continue
+        bits |= bit
+        for name, x in items:
+            ops.append(x)
+            if name is not None:
+                fields[name] = x
+    return bits, ops, fields
+
+
 def _optional_operands(sinks, bias, d_lse, batch, rng):
     """(bitmask, operand list, {param field: array}) of the optional operands, in protocol order."""
-    bits, ops, fields = 0, [], {}
-    if sinks is not None:
-        bits |= _ffi.OP_SINKS
-        ops.append(sinks)
-        fields["sinks"] = sinks
-    if bias is not None:
-        bits |= _ffi.OP_BIAS
-        ops.append(bias)
-        fields["bias"] = bias
-    if d_lse is not None:
-        bits |= _ffi.OP_D_LSE
-        ops.append(d_lse)
-        fields["d_lse"] = d_lse
     cu_q, cu_kv, seqused_kv, seqlens_q, seqlens_kv = batch
-    if cu_q is not None:
-        bits |= _ffi.OP_CU_SEQLENS
-        ops += [cu_q, cu_kv]
-        fields["cu_seqlens_q"], fields["cu_seqlens_kv"] = cu_q, cu_kv
-    for bit, name, x in ((_ffi.OP_SEQUSED_KV, "seqused_kv", seqused_kv), (_ffi.OP_SEQLENS_Q, "seqlens_q", seqlens_q),
-                         (_ffi.OP_SEQLENS_KV, "seqlens_kv", seqlens_kv)):
-        if x is not None:
-            bits |= bit
-            ops.append(x)
-            fields[name] = x
-    if rng is not None:
-        bits |= _ffi.OP_RNG
-        ops.append(rng)
-    return bits, ops, fields
+    return _operands((_ffi.OP_SINKS, (("sinks", sinks),)), (_ffi.OP_BIAS, (("bias", bias),)),
+                     (_ffi.OP_D_LSE, (("d_lse", d_lse),)),
+                     (_ffi.OP_CU_SEQLENS, (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv))),
+                     (_ffi.OP_SEQUSED_KV, (("seqused_kv", seqused_kv),)), (_ffi.OP_SEQLENS_Q, (("seqlens_q", seqlens_q),)),
+                     (_ffi.OP_SEQLENS_KV, (("seqlens_kv", seqlens_kv),)), (_ffi.OP_RNG, ((None, rng),)))
 
 
 def _workspace(backward: bool, platform: str, tensors: dict, options: dict) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _ffi
 from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _ffi_call,
-                        _float_inputs, _resolve_options, _sd, _sinks_operand, _workspace)
+                        _float_inputs, _operands, _resolve_options, _sd, _sinks_operand, _workspace)
 
 __all__ = ["decode_attention"]
 
@@ -111,26 +111,12 @@ def decode_attention(
     )
     # Optional operands in the handler's protocol order (python/ffi/ffi_handlers.cpp): sinks, cu_seqlens_q,
     # seqused_kv | seqlens_kv, page_table.
-    bits, ops, fields = 0, [], {}
-    if sinks is not None:
-        bits |= _ffi.OP_SINKS
-        ops.append(sinks)
-        fields["sinks"] = sinks
-    if cu_q is not None:
-        bits |= _ffi.OP_CU_SEQLENS_Q_ONLY
-        ops.append(cu_q)
-        fields["cu_seqlens_q"] = cu_q
-    if page_table is not None:
-        bits |= _ffi.OP_SEQUSED_KV
-        fields["seqused_kv"] = seqlens
-    else:
-        bits |= _ffi.OP_SEQLENS_KV
-        fields["seqlens_kv"] = seqlens
-    ops.append(seqlens)
-    if page_table is not None:
-        bits |= _ffi.OP_PAGE_TABLE
-        ops.append(page_table)
-        fields["page_table"] = page_table
+    # The cache lengths: seqused_kv of a page pool, else seqlens_kv of the contiguous cache.
+    lengths = (_ffi.OP_SEQUSED_KV, "seqused_kv") if page_table is not None else (_ffi.OP_SEQLENS_KV, "seqlens_kv")
+    bits, ops, fields = _operands((_ffi.OP_SINKS, (("sinks", sinks),)),
+                                  (_ffi.OP_CU_SEQLENS_Q_ONLY, (("cu_seqlens_q", cu_q),)),
+                                  (lengths[0], ((lengths[1], seqlens),)),
+                                  (_ffi.OP_PAGE_TABLE, (("page_table", page_table),)))
 
     if varlen:
         out_shape, lse_shape = (q.shape[0], q.shape[1], v.shape[3]), (q.shape[1], q.shape[0])
