@@ -1,5 +1,6 @@
-// CUDA runtime error check for the GPU test and benchmark programs (gpu_bench.cpp, gpu_determinism.cpp,
-// gpu_decode.cpp, gpu_bench_decode.cu): prints the error and the call, exits with status 2. CK(expr) is the short name.
+// CUDA runtime error check for the GPU test and benchmark programs (gpu_suite.cpp, gpu_bench.cpp,
+// gpu_determinism.cpp, gpu_decode.cpp, gpu_bench_decode.cu): prints the error and the call, exits with status 2.
+// CK(expr) is the short name.
 #pragma once
 
 #include <cuda_runtime.h>

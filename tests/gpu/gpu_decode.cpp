@@ -36,7 +36,6 @@ int g_failures = 0, g_checks = 0;
 bool g_verbose = false;
 bool g_cpu_only = false;  // no CUDA call at all: "device" buffers are the host ones, the backend is the CPU
 
-#define CUDA_OK(expr) SINKATTN_TEST_CUDA_OK(expr)
 
 void check(bool ok, const std::string& what) {
   ++g_checks;
@@ -67,21 +66,21 @@ struct Buf {
       shadow.assign(host.size(), 0xFF);
       dev = shadow.data();
     } else {
-      CUDA_OK(cudaMalloc(&dev, host.size()));
+      CK(cudaMalloc(&dev, host.size()));
     }
   }
   bool present() const { return t.rank > 0; }
   void upload() {
     if (g_cpu_only) shadow = host, dev = shadow.data();
-    else CUDA_OK(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+    else CK(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
   }
   void poison_dev() {
     if (g_cpu_only) std::fill(shadow.begin(), shadow.end(), 0xFF);
-    else CUDA_OK(cudaMemset(dev, 0xFF, host.size()));
+    else CK(cudaMemset(dev, 0xFF, host.size()));
   }
   void download() {
     if (g_cpu_only) host = shadow, t.data = host.data();
-    else CUDA_OK(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost));
+    else CK(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost));
   }
   sinkattn_tensor_t dview() const {
     sinkattn_tensor_t v = t;
@@ -255,8 +254,8 @@ Result run(Problem& P, sinkattn_params_t p, int32_t splits, cudaStream_t stream 
       host_ws.assign(bytes, 0xFF);
       ws = host_ws.data();
     } else if (bytes) {
-      CUDA_OK(cudaMalloc(&ws, bytes));
-      CUDA_OK(cudaMemset(ws, 0xFF, bytes));
+      CK(cudaMalloc(&ws, bytes));
+      CK(cudaMemset(ws, 0xFF, bytes));
     }
     p.workspace = ws;
     p.workspace_bytes = bytes;
@@ -264,7 +263,7 @@ Result run(Problem& P, sinkattn_params_t p, int32_t splits, cudaStream_t stream 
   }
   res.msg = sinkattn_last_error();
   if (!g_cpu_only) {
-    CUDA_OK(cudaDeviceSynchronize());
+    CK(cudaDeviceSynchronize());
     if (ws) cudaFree(ws);
   }
   P.out.download();
@@ -413,19 +412,19 @@ void graph_capture_test() {
     const Result direct = run(P, p, s);
     check(direct.st == SINKATTN_OK, "graph test direct call: " + direct.msg);
     cudaStream_t stream;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     p.num_splits = s;
     p.stream = stream;
     size_t bytes = 0;
     check(sinkattn_forward_workspace_size(&p, &bytes) == SINKATTN_OK, "graph test size query");
     void* ws = nullptr;
-    if (bytes) CUDA_OK(cudaMalloc(&ws, bytes));
+    if (bytes) CK(cudaMalloc(&ws, bytes));
     p.workspace = ws;
     p.workspace_bytes = bytes;
     P.out.poison_dev();
     P.lse.poison_dev();
     cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     const sinkattn_status_t st = sinkattn_forward(&p);
     const std::string msg = sinkattn_last_error();
     const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
@@ -434,12 +433,12 @@ void graph_capture_test() {
               cudaGetErrorString(ce));
     if (st == SINKATTN_OK && ce == cudaSuccess) {
       cudaGraphExec_t exec;
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
       for (int rep = 0; rep < 2; ++rep) {
         P.out.poison_dev();
         P.lse.poison_dev();
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-        CUDA_OK(cudaStreamSynchronize(stream));
+        CK(cudaGraphLaunch(exec, stream));
+        CK(cudaStreamSynchronize(stream));
         P.out.download();
         P.lse.download();
         check(P.out.host == direct.out && P.lse.host == direct.lse,
@@ -498,7 +497,7 @@ int main(int argc, char** argv) {
     std::printf("sinkattn GPU decode suite, --cpu-only (the CPU backend, no GPU)%s\n", small ? ", --small" : "");
   } else {
     cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("sinkattn GPU decode suite on %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor,
                 small ? ", --small" : "");
   }

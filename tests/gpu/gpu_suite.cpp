@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "mini_json.hpp"
 #include "reference.hpp"
 #include "sinkattn/sinkattn.h"
@@ -61,15 +62,6 @@ bool g_always_ref = false;  // --ref: judge by the float64 reference whatever th
 // checks, exact properties) and judges it by SPEC.md section 5 where the reference runs. Exercises the suite's
 // own logic on a machine without a GPU.
 bool g_cpu_only = false;
-
-#define CUDA_OK(expr)                                                                                   \
-  do {                                                                                                  \
-    cudaError_t _e = (expr);                                                                            \
-    if (_e != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(_e), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                                     \
-    }                                                                                                   \
-  } while (0)
 
 // Value written before every call into the elements of an output buffer that are outside the call (SPEC 1:
 // "no backend reads or writes them"); they must still hold it afterwards. Exact in fp16, bf16 and fp32.
@@ -101,7 +93,7 @@ struct Buf {
     }
     t.data = host.data();
     present = true;
-    if (!g_cpu_only) CUDA_OK(cudaMalloc(&dev, bytes));
+    if (!g_cpu_only) CK(cudaMalloc(&dev, bytes));
   }
   void free_dev() {
     if (dev) cudaFree(dev);
@@ -122,13 +114,13 @@ struct Buf {
   void set_i32(size_t idx, int32_t v) { std::memcpy(host.data() + idx * 4, &v, 4); }
   void fill_host(const Bytes& src) { std::copy(src.begin(), src.end(), host.begin()); }
   void upload() {
-    if (dev) CUDA_OK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
+    if (dev) CK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
   }
-  void upload(const Bytes& src) { CUDA_OK(cudaMemcpy(dev, src.data(), bytes, cudaMemcpyHostToDevice)); }
-  void poison_dev() { CUDA_OK(cudaMemset(dev, 0xFF, bytes)); }  // NaN in fp16, bf16 and fp32
+  void upload(const Bytes& src) { CK(cudaMemcpy(dev, src.data(), bytes, cudaMemcpyHostToDevice)); }
+  void poison_dev() { CK(cudaMemset(dev, 0xFF, bytes)); }  // NaN in fp16, bf16 and fp32
   void download_to(Bytes& dst) const {
     dst.resize(bytes);
-    CUDA_OK(cudaMemcpy(dst.data(), dev, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(dst.data(), dev, bytes, cudaMemcpyDeviceToHost));
   }
   sinkattn_tensor_t host_view() { sinkattn_tensor_t v = t; v.data = host.data(); return v; }
   sinkattn_tensor_t dev_view() const { sinkattn_tensor_t v = t; v.data = dev; return v; }
@@ -685,8 +677,8 @@ struct Scratch {
     if (dev == Dev::kCpu) {
       host.assign(std::max<size_t>(bytes, 1), 0xFF);
     } else if (bytes) {
-      CUDA_OK(cudaMalloc(&d, bytes));
-      CUDA_OK(cudaMemset(d, 0xFF, bytes));
+      CK(cudaMalloc(&d, bytes));
+      CK(cudaMemset(d, 0xFF, bytes));
     }
   }
   ~Scratch() {
@@ -760,7 +752,7 @@ bool run_backward(Problem& P, Dev dev, const Outs& fwd, Outs& o, Ctx& ctx, const
   std::vector<Bytes> first;
   for (int rep = 0; rep < reps; ++rep) {
     if (dev == Dev::kCpu) std::fill(scratch.host.begin(), scratch.host.end(), 0xFF);
-    else if (ws) CUDA_OK(cudaMemset(scratch.d, 0xFF, ws));
+    else if (ws) CK(cudaMemset(scratch.d, 0xFF, ws));
     for (Buf* b : outs)
       if (b->present) stage(*b, dev, b->poisoned());
     p.workspace = scratch.ptr();
@@ -1654,9 +1646,9 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(seed));
   } else {
     int dev_count = 0;
-    CUDA_OK(cudaGetDeviceCount(&dev_count));
+    CK(cudaGetDeviceCount(&dev_count));
     cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("sinkattn GPU suite on %s (sm_%d%d); sweep seed %llu (rerun: --seed %llu --only K)\n", prop.name,
                 prop.major, prop.minor, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
     char info[4096];
