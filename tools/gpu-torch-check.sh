@@ -11,7 +11,7 @@
 # The package: SITE_DIR (an install made elsewhere with `pip install --no-build-isolation --no-deps --target DIR .`,
 # e.g. on the development machine against its newer torch: then this also checks that the stable-ABI operators built
 # there load into this machine's torch), else built here against this machine's torch into /tmp/sinkattn-site.
-# Logs go to $OUT (default ./gpu-check-out): torch_install.log torch_pytest.log torch_bench.log torch_overhead.log
+# Logs go to $OUT (default ./gpu-check-out): py_install.log torch_pytest.log torch_bench.log torch_overhead.log
 # torch_example.log torch_example_bench.log, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,21 +22,8 @@ SUMMARY=$OUT/summary.txt
 STEPS=${TORCH_STEPS:-"pytest bench overhead example examplebench"}
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-if [ -n "${SITE_DIR:-}" ] && [ -d "$SITE_DIR/sinkattn" ]; then
-  SITE=$(cd "$SITE_DIR" && pwd)
-  note "torch: using the prebuilt install in $SITE_DIR"
-else
-  SITE=/tmp/sinkattn-site
-  if [ ! -f "$SITE/sinkattn/lib/libsinkattn_torch.so" ]; then
-    t0=$(date +%s)
-    $PY -m pip install -q --no-build-isolation --no-deps --target "$SITE" . \
-      --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
-      --config-settings=cmake.define.SINKATTN_BUILD_TORCH=ON >"$OUT/torch_install.log" 2>&1
-    rc=$?
-    note "torch: package install (CUDA, torch operators): rc=$rc in $(($(date +%s) - t0)) s"
-    [ $rc -eq 0 ] || { tail -30 "$OUT/torch_install.log"; exit 1; }
-  fi
-fi
+. tools/gpu-py-site.sh
+sinkattn_site reuse torch || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch, transformers, sinkattn.torch, sinkattn.torch._ops as o; print('torch', torch.__version__, \
 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), o.library_path())" 2>&1 | tee -a "$SUMMARY"
