@@ -197,6 +197,23 @@ def test_gpt_oss_fp32_model_under_autocast(device, monkeypatch):
     assert worst_s <= 2 * worst_e + 1e-3, (worst_s, worst_e)
 
 
+def test_mixed_dtypes_follow_the_layer_weights():
+    """Outside autocast, a float32 query with bf16 key / value (a bf16 layer whose rotary embedding upcast q) runs in
+    the dtype of the layer's Linear weights, as transformers' FlashAttention path does: bitwise the all-bf16 call."""
+    sthf.register()
+    layer = torch.nn.Module()
+    layer.q_proj = torch.nn.Linear(8, 8, dtype=torch.bfloat16)
+    layer.is_causal = True
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 8, generator=g)  # HF layout [b, h, s, d]
+    k, v = (torch.randn(2, 2, 6, 8, generator=g).to(torch.bfloat16) for _ in range(2))
+    sinks = torch.tensor([0.5, 20.0, -1.0, 2.0])
+    out, _ = sthf.attention_forward(layer, q, k, v, None, scaling=0.3, s_aux=sinks)
+    ref, _ = sthf.attention_forward(layer, q.to(torch.bfloat16), k, v, None, scaling=0.3, s_aux=sinks)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, ref)
+
+
 def test_from_pretrained_local_checkpoint(tmp_path):
     """from_pretrained(..., attn_implementation="sinkattn") of a locally saved GPT-OSS gives eager's loss."""
     ms = models(["eager"])
