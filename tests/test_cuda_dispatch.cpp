@@ -54,7 +54,29 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
   EXPECT_EQ(k.summary(Pass::kForward),
             "hopper fwd (wgmma, warp-specialised: producer warp + 3 consumer warpgroups, persistent), tile 192 x 128, "
             "TMA");
+  EXPECT_TRUE(k.dq_tma);
+  EXPECT_EQ(k.summary(Pass::kBackward),
+            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused (TMA reduce-add of fp32 tiles; atomics for partial "
+            "query blocks)");
+}
+
+TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
+  const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  Switches sw;
+  sw.dq_atomics = true;
+  KernelChoice k = choose_kernels(c, kH200, sw);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
+  EXPECT_FALSE(k.dq_tma);
   EXPECT_EQ(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused (fp32 atomics)");
+  sw = Switches{};
+  sw.no_tma = true;  // no TMA at all: no reduce-adds either
+  EXPECT_FALSE(choose_kernels(c, kH200, sw).dq_tma);
+  Call det = c;  // the deterministic dq adds in a fixed order, with atomics
+  det.deterministic = true;
+  EXPECT_FALSE(choose_kernels(det, kH200, Switches{}).dq_tma);
+  Call few = c;  // fewer rows than one 64-row box
+  few.s_q = 40;
+  EXPECT_FALSE(choose_kernels(few, kH200, Switches{}).dq_tma);
 }
 
 TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
@@ -258,7 +280,7 @@ TEST(CudaDispatch, Fp32Path) {
 TEST(CudaDispatch, RulesTextNamesTheSwitches) {
   const std::string r = dispatch_rules();
   for (const char* s : {"SINKATTN_CUDA_NO_SM90", "SINKATTN_CUDA_NO_TMA", "SINKATTN_CUDA_DET_SM80", "512",
-                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE"})
+                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE", "SINKATTN_CUDA_DQ_ATOMICS"})
     EXPECT_TRUE(has(r, s)) << s;
 }
 

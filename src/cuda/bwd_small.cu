@@ -4,7 +4,8 @@
 //               LSE2_i = LSE_i * log2(e) (+inf when LSE_i = -inf or the row is padding: P = 0 there),
 //               Dp_i = D_i - d_lse_i, and the fused d_sinks partial of the block:
 //               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i)
-//               (common/sink.hpp: 1 for a key-less row under a -inf sink).
+//               (common/sink.hpp: 1 for a key-less row under a -inf sink); and the rows of the fused dq's fp32
+//               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
 //               written, never accumulated into.
 //   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused non-deterministic backward).
@@ -22,8 +23,20 @@ namespace {
 constexpr int kPreThreads = 128;
 
 // 8 rows per warp, 4 lanes per row (kPreRows = 32 rows per block of 4 warps): every row of the block is in
-// flight at once (no serial loop over rows, whose load latencies would add up).
+// flight at once (no serial loop over rows, whose load latencies would add up). A lane reads 16-byte pieces
+// (8 elements; d_v is a multiple of 8 on this backend) of out and d_out when both rows are 16-byte aligned, else
+// elements.
 static_assert(kPreRows == (kPreThreads / 32) * 8, "8 rows per warp");
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* y = reinterpret_cast<const T*>(&b);
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s = fmaf(ElemTraits<T>::to_float(x[e]), ElemTraits<T>::to_float(y[e]), s);
+  return s;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
@@ -38,7 +51,16 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
   if (real) {
     const T* o = row_ptr<const T>(p.out, p.out_st, n, sq.q_start + i, h);
     const T* go = row_ptr<const T>(p.d_out, p.dout_st, n, sq.q_start + i, h);
-    for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
+    if (((reinterpret_cast<uintptr_t>(o) | reinterpret_cast<uintptr_t>(go)) & 15) == 0) {
+      for (int c = sub * 8; c < p.d_v; c += 32)
+        dsum += dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(go + c));
+    } else {
+      for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
+    }
+  }
+  if (p.ws_dq != nullptr && i < sq.rows_q) {  // zero this row of the dq accumulator (d: a multiple of 8)
+    float* acc = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d;
+    for (int c = sub * 4; c < p.d; c += 16) *reinterpret_cast<float4*>(acc + c) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
   dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
@@ -71,26 +93,25 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
 }
 
 // dq = softmax_scale * ws_dq (SPEC 3, dq_i = softmax_scale * sum_j dS_ij k_j), in the dtype; padding rows of a
-// dense batch (i >= len_q) get dq = 0. One warp per row (8 rows per warp), two columns per lane and step, so
-// every load and store instruction covers one contiguous row segment (measured faster than 4 lanes per row).
+// dense batch (i >= len_q) get dq = 0. The block's kPreRows x d elements as pieces of 4 columns (d is a multiple
+// of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
+// segments): a float4 load of the accumulator, two 4-byte stores of the row; unrolled, so that several loads of a
+// thread are in flight at once.
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
   const int h = blockIdx.y, n = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const SeqInfo sq = seq_info(p, n);
-  for (int r = 0; r < kPreRows / (kPreThreads / 32); ++r) {
-    const int i = blockIdx.x * kPreRows + warp * (kPreRows / (kPreThreads / 32)) + r;
-    if (i >= sq.rows_q) break;
-    T* dq = row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h);
-    if (i >= sq.len_q) {
-      for (int c = 2 * lane; c < p.d; c += 64) *reinterpret_cast<uint32_t*>(dq + c) = 0u;
-      continue;
-    }
-    const float* acc = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d;
-    for (int c = 2 * lane; c < p.d; c += 64) {
-      const float2 a = *reinterpret_cast<const float2*>(acc + c);
-      *reinterpret_cast<uint32_t*>(dq + c) = ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale);
-    }
+  const int pieces = p.d / 4, i0 = blockIdx.x * kPreRows;
+  const int total = min(kPreRows, sq.rows_q - i0) * pieces;
+#pragma unroll 4
+  for (int e = threadIdx.x; e < total; e += kPreThreads) {
+    const int i = i0 + e / pieces, c = (e - (e / pieces) * pieces) * 4;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i < sq.len_q)
+      a = *reinterpret_cast<const float4*>(p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d + c);
+    uint32_t* dq = reinterpret_cast<uint32_t*>(row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h) + c);
+    dq[0] = ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale);
+    dq[1] = ElemTraits<T>::pack(a.z * p.softmax_scale, a.w * p.softmax_scale);
   }
 }
 

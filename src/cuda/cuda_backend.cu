@@ -291,9 +291,8 @@ Status run_typed(const Call& c, const cuda::KernelChoice& kc, const Workspace& w
   SINKATTN_CUDA_CHECK("backward preprocess kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallPreprocess, st));
   if (k.d_sinks != nullptr)
     SINKATTN_CUDA_CHECK("d_sinks kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDSinks, st));
-  if (k.ws_dq != nullptr)
-    SINKATTN_CUDA_CHECK("dq accumulator memset",
-                        cudaMemsetAsync(k.ws_dq, 0, sizeof(float) * c.h_q * k.rows_total_q * c.d, st));
+  // The dq accumulator (ws_dq) is zeroed by the preprocess kernel (every row a sequence owns: the only rows the main
+  // kernels add to and the dq convert reads).
   if (k.ws_dq_sem != nullptr)
     SINKATTN_CUDA_CHECK("dq semaphore memset", cudaMemsetAsync(k.ws_dq_sem, 0, sizeof(unsigned) * w.n_dq_sem, st));
   SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(kc, k, true, st));

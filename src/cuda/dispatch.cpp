@@ -40,6 +40,7 @@ Switches switches_from_env() {
     if (const char* v = std::getenv("SINKATTN_CUDA_FWD_WS_PERSISTENT"); v != nullptr && v[0] != '\0')
       x.fwd_ws_persistent = std::atoi(v) != 0;
     x.no_decode = env_on("SINKATTN_CUDA_NO_DECODE");
+    x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
     return x;
   }();
   return s;
@@ -128,6 +129,9 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
+    // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
+    k.dq_tma = k.dq == DqPath::kFusedAtomic && !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 &&
+               rows_q >= k.dkdv_block_m;
   } else {
     k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
@@ -175,7 +179,10 @@ std::string KernelChoice::summary(Pass pass) const {
   if (dkdv == DkvKernel::kSm90) s += dkdv_tma ? ", TMA" : ", cp.async";
   switch (dq) {
     case DqPath::kDqKernel: s += ", no float atomics"; break;
-    case DqPath::kFusedAtomic: s += ", dq fused (fp32 atomics)"; break;
+    case DqPath::kFusedAtomic:
+      s += dq_tma ? ", dq fused (TMA reduce-add of fp32 tiles; atomics for partial query blocks)"
+                  : ", dq fused (fp32 atomics)";
+      break;
     case DqPath::kFusedOrdered: s += ", dq fused in a fixed order (per-query-block semaphores, deterministic)"; break;
   }
   if (!bwd_why.empty()) s += ": " + bwd_why;
@@ -197,7 +204,7 @@ std::string dispatch_rules() {
          "sm_80 forward through the page table for longer paged chunks, and on Hopper the warp-specialised forward "
          "(producer warp, 3 consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
-         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1";
+         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, SINKATTN_CUDA_DQ_ATOMICS=1";
 }
 
 }  // namespace sinkattn::cuda

@@ -29,6 +29,8 @@ struct DeviceProps {
 //   SINKATTN_CUDA_FWD_WS_SHORT=1 the warp-specialised forward takes the short windows the sm_80 forward gets
 //   SINKATTN_CUDA_FWD_WS_PERSISTENT=0 the warp-specialised forward with one block per tile (default: one per SM)
 //   SINKATTN_CUDA_NO_DECODE=1 no decode kernel: short query chunks on the prefill kernels
+//   SINKATTN_CUDA_DQ_ATOMICS=1 the Hopper dK dV kernel adds its fused dq with per-thread fp32 atomics instead of
+//                             TMA reduce-adds of shared-memory tiles
 struct Switches {
   bool no_sm90 = false;
   bool no_tma = false;
@@ -37,6 +39,7 @@ struct Switches {
   bool fwd_ws_short = false;
   bool fwd_ws_persistent = true;
   bool no_decode = false;
+  bool dq_atomics = false;
 };
 Switches switches_from_env();
 
@@ -63,6 +66,7 @@ struct KernelChoice {
   int dkdv_block_n = 0, dkdv_block_m = 0;
   bool dkdv_tma = false;
   DqPath dq = DqPath::kDqKernel;
+  bool dq_tma = false;  // kFusedAtomic on kSm90: full query blocks add their dq tile by TMA reduce-add
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

@@ -28,9 +28,7 @@ inline cudaError_t prepare_smem(Kernel kernel, int smem) {
 // link against libcuda). Returns false where a map cannot be made (encoder missing, a stride of 0, or the driver
 // refusing the description); the kernels then load through cp.async. Whether to try at all is the dispatch's
 // (KernelChoice::fwd_tma / dkdv_tma; SINKATTN_CUDA_NO_TMA=1 turns it off, dispatch.hpp).
-template <typename T>
-inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t rows, int heads, int64_t nb,
-                          const RowStrides3& st, int box_rows) {
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult res{};
@@ -42,6 +40,13 @@ inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t r
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+template <typename T>
+inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t rows, int heads, int64_t nb,
+                          const RowStrides3& st, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -64,6 +69,26 @@ inline bool make_rows_map(CUtensorMap& map, const void* ptr, int cols, int64_t r
   const cuuint32_t elem[4] = {1, 1, 1, 1};
   return encode(&map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Tensor map of the fused dq's fp32 accumulator p.ws_dq ([h_q][rows_total_q][d], params.cuh) for the Hopper dK dV
+// kernel's TMA reduce-adds: 3-d (d, rows_total_q, h_q), box 32 columns (128 bytes) x box_rows rows x 1 with 128-byte
+// swizzle (sm90::sw128_f32_offset is the matching shared-memory image). False where the encoder refuses or a
+// coordinate would not fit its int32 (the kernel then adds with atomics).
+inline bool make_dq_map(CUtensorMap& map, float* ws_dq, int d, int64_t rows_total, int heads, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || ws_dq == nullptr) return false;
+  if (reinterpret_cast<uintptr_t>(ws_dq) % 16 != 0 || (int64_t{d} * 4) % 16 != 0 || d < 32 || rows_total < box_rows ||
+      rows_total > INT32_MAX)
+    return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(rows_total),
+                              static_cast<cuuint64_t>(heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 4, static_cast<cuuint64_t>(rows_total * d) * 4};
+  const cuuint32_t box[3] = {32, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, ws_dq, dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -196,6 +221,7 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
         tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
                  make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
+        tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, Tr90::kBlockM);
         kernel<<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
         return cudaGetLastError();
       }

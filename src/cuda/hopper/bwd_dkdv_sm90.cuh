@@ -19,7 +19,13 @@
 // cp.async. LSE2, D: loads to registers, stored to shared memory one step later.
 // Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
-//   dQ, dK issued | wait dQ (dK still running): dQ atomics | wait dK.
+//   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
+// dQ adds (kDet = false): a full query block's 64 x HD fp32 tile is stored to sdQ (two buffers, the swizzled image of
+// the ws_dq tensor map's 32-column boxes: conflict-free float2 stores) and added to ws_dq by TMA reduce-adds that
+// thread 0 issues after the next barrier (the reduce unit does the adds; before this, 2 * HD / 8 float2 atomics per
+// thread and step); thread 0 waits for the reduce-adds of two steps ago to have read their buffer before the
+// barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks, kDet, and
+// SINKATTN_CUDA_DQ_ATOMICS=1 add with per-thread atomics.
 // kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
 // descending, the first step of a query block reads its counter early and, before its dQ adds, waits for its turn
 // (one lane per warp, while dQ and dK run), and the step after its last one releases the turn (thread 0, before
@@ -43,9 +49,11 @@ namespace sinkattn::cuda::sm90 {
 // Tensor maps of q and d_out for the kernel's TMA loads (built by the launcher, launch.cuh): 4-d (d, rows, h_q, b)
 // of 16-bit elements, box 64 x 64 x 1 x 1, 128-byte swizzle; dense: rows = s_q, b = p.b; varlen: rows = total
 // rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
+// dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
+// TMA reduce-adds of the fused dq (deterministic = 0); dq_ok = 0: none (per-thread atomics instead).
 struct Sm90Tma {
-  CUtensorMap q, d_out;
-  int ok;
+  CUtensorMap q, d_out, dq;
+  int ok, dq_ok;
 };
 
 template <int HD>
@@ -55,10 +63,11 @@ struct DkvSm90Traits {
   static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
   static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
   // sK, sV [BN][HD] (core-matrix layout); sQ, sdO [2][BM][HD] (128-byte-swizzled row panels); sdS [BN][BM]
-  // (core-matrix layout), 2 bytes each; LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA loads of the
-  // two buffers; room to align the base to 1024 bytes (the swizzled tiles)
-  static constexpr int kSmem =
-      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 + 16 + 1024;
+  // (core-matrix layout), 2 bytes each; sdQ [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds,
+  // in the swizzled image of the ws_dq map's boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
+  // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
+  static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 +
+                               2 * kBlockM * HD * 4 + 4 * kBlockM * 4 + 16 + 1024;
 };
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
@@ -97,7 +106,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   T* sQ = sV + BN * HD;       // [2][BM * HD], swizzled row panels (1024-byte aligned: BN * HD * 2 bytes per tile)
   T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
   T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
-  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
+  float* sdQ = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM * HD] fp32 (1024-byte aligned)
+  float* sL = sdQ + 2 * BM * HD;                        // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
 
@@ -135,6 +145,19 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
+  // The same for the dq adds (deterministic = 0): a full block's tile goes to sdQ and, after the next barrier, to
+  // ws_dq by TMA reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial
+  // block adds with atomics (a box would add to the next sequence's rows).
+  auto tma_dq = [&](int i0) { return !kDet && tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
+  bool pending = false;
+  int pending_buf = 0, pending_h = 0, pending_row = 0;
+  auto issue_dq = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the pending step
+#pragma unroll
+    for (int bx = 0; bx < HD / 32; ++bx)
+      if (bx * 32 < p.d)
+        tma_reduce_add_3d(&tma.dq, sdQ + pending_buf * BM * HD + bx * BM * 32, bx * 32, pending_row, pending_h);
+    bulk_commit();
+  };
   if (tid == 0) {
     mbar_init(&bars[0], 1);
     mbar_init(&bars[1], 1);
@@ -202,6 +225,12 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     }
     fence_proxy_async();
     __syncthreads();
+    bool issued = false;  // thread 0: this step issued the reduce-adds of the previous one
+    if constexpr (!kDet) {
+      if (pending && tid == 0) issue_dq();
+      issued = pending;
+      pending = false;
+    }
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
@@ -221,7 +250,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 
     // One step, as five wgmma commit groups so that register work overlaps the tensor cores:
     //   S^T | dP^T  -> P^T = exp2(...) while dP^T runs; dV += P^T dO issued before dS^T is formed
-    //   dQ | dK     -> the dQ atomics while dK += dS^T Q runs
+    //   dQ | dK     -> the dQ tile to sdQ (or its atomics) while dK += dS^T Q runs
     const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
     uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
     const int r0 = wg * 64 + wl * 16 + g;               // this thread's first row of sdS (key)
@@ -301,6 +330,16 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         if (prev != nullptr) release_turn(prev);
       }
     }
+    // This step's sdQ buffer was read by the reduce-adds issued in the previous step (of the step before it), the
+    // newest group unless this step issued one.
+    if constexpr (!kDet) {
+      if (tid == 0) {
+        if (issued)
+          bulk_wait_read<1>();
+        else
+          bulk_wait_read<0>();
+      }
+    }
     fence_proxy_async();
     __syncthreads();
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
@@ -331,16 +370,33 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       }
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
-      // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
-      const int ia = i0 + wl * 16 + g;
-      const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
-      float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
-      float* pb = pa + 8 * p.d;
+      if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
+        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + buf * BM * HD);
+        const int ra = wl * 16 + g;
 #pragma unroll
-      for (int nt = 0; nt < HN / 8; ++nt) {
-        if (n0 + nt * 8 >= p.d) break;
-        if (va) atomic_add2(pa + nt * 8, accq[nt][0], accq[nt][1]);
-        if (vb) atomic_add2(pb + nt * 8, accq[nt][2], accq[nt][3]);
+        for (int nt = 0; nt < HN / 8; ++nt) {
+          const int c = n0 + nt * 8 + 2 * t;
+          *reinterpret_cast<float2*>(sq_buf + sw128_f32_offset<BM>(ra, c)) = make_float2(accq[nt][0], accq[nt][1]);
+          *reinterpret_cast<float2*>(sq_buf + sw128_f32_offset<BM>(ra + 8, c)) =
+              make_float2(accq[nt][2], accq[nt][3]);
+        }
+        fence_proxy_async();
+        pending = true;
+        pending_buf = buf;
+        pending_h = h;
+        pending_row = static_cast<int>(ws_row(p, sq, n, i0));
+      } else {
+        // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
+        const int ia = i0 + wl * 16 + g;
+        const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
+        float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
+        float* pb = pa + 8 * p.d;
+#pragma unroll
+        for (int nt = 0; nt < HN / 8; ++nt) {
+          if (n0 + nt * 8 >= p.d) break;
+          if (va) atomic_add2(pa + nt * 8, accq[nt][0], accq[nt][1]);
+          if (vb) atomic_add2(pb + nt * 8, accq[nt][2], accq[nt][3]);
+        }
       }
       wgmma_wait<0>();  // dK: as[] and the Q buffer are free again
       fence_acc(acc_dk);
@@ -356,6 +412,13 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
       if (tid == 0 && last != nullptr) release_turn(last);
     }
+  }
+  if constexpr (!kDet) {
+    if (pending) {  // the last step's tile (uniform: a function of its query block)
+      __syncthreads();
+      if (tid == 0) issue_dq();
+    }
+    if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   }
   cp_async_wait<0>();
   wgmma_wait<0>();

@@ -190,6 +190,45 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0,
 #endif
 }
 
+// TMA reduce-add of one box of a 3-d fp32 tensor map (coordinates innermost first) from shared memory into global
+// memory: element-wise atomic adds (as red.global.add.f32), clipped to the tensor's extent. Completion through the
+// bulk group of the issuing thread: bulk_commit() closes a group, bulk_wait_read<N>() waits until at most N groups
+// still read their shared memory (the source may then be overwritten), bulk_wait<N>() until at most N are pending.
+__device__ __forceinline__ void tma_reduce_add_3d(const void* tmap, const void* src, int c0, int c1, int c2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Byte offset of fp32 element (r, c) in the shared-memory image of the 128-byte-swizzled TMA boxes of 32 columns x
+// ROWS rows that cover a ROWS x n tile (box c / 32 after box c / 32 - 1): 16-byte chunk (c % 32) / 4 of row r sits at
+// chunk ((c % 32) / 4) ^ (r % 8). A warp storing float2 pairs of an mma.sync C fragment (rows g, columns 2 t) hits
+// every bank twice: two wavefronts for 256 bytes, the minimum.
+template <int ROWS>
+__device__ __forceinline__ int sw128_f32_offset(int r, int c) {
+  return (c >> 5) * (ROWS * 128) + r * 128 + ((((c & 31) >> 2) ^ (r & 7)) << 4) + ((c & 3) << 2);
+}
+
 // Element offset of (r, c) in a core-matrix tile with COLS columns.
 template <int COLS>
 __device__ __forceinline__ int cm_offset(int r, int c) {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of the Hopper dK dV kernel (the backward's main kernel) on the GPT-OSS full layer and the
+# MHA layer of bench/RESULTS.md (bf16, b 2, s 4096, causal), through `sinkattn bench` (one timed iteration, no
+# warm-up: ncu replays the one launch it profiles). Writes under $OUT (default ./prof-out):
+#   bwd_<layer>.kernels.txt every kernel of one forward + backward call and its duration (gpu__time_duration)
+#   bwd_<layer>.txt       the details page (speed of light, compute / memory workload, warp states, occupancy)
+#   bwd_<layer>_sass.txt  the SASS lines with the most warp-stall samples (top 60, with their stall reasons)
+# Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
+#      KERNELS_ONLY=1 (only the per-kernel durations), PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
+# ncu gets --clock-control none (device/METHOD.md: leave the clocks alone).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/prof-out}
+mkdir -p "$OUT"
+BUILD_DIR=${BUILD_DIR:-build-cuda}
+CLI=$BUILD_DIR/cli/sinkattn
+TAG=${TAG:-}
+export LD_LIBRARY_PATH="$PWD/$BUILD_DIR:${LD_LIBRARY_PATH:-}"
+for layer in ${LAYERS:-gptoss mha}; do
+  case $layer in
+    gptoss) args="--preset gpt-oss-20b --layer full" ;;
+    mha) args="--preset llama3-8b" ;;
+    *) echo "unknown layer $layer"; continue ;;
+  esac
+  rep=$OUT/bwd_${layer}${TAG}
+  # every kernel of one forward + backward call, with its duration (the backward's small kernels included)
+  # shellcheck disable=SC2086
+  env ${PROF_ENV:-} ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$CLI" bench $args --batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda 2>/dev/null |
+    python3 -c '
+import csv, sys
+rows = [r for r in csv.reader(sys.stdin) if len(r) > 10]
+if not rows:
+    sys.exit()
+h = rows[0]
+kn, mv, mu = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+for r in rows[1:]:
+    print(f"{r[mv]:>12s} {r[mu]:8s} {r[kn][:110]}")
+' >"$rep.kernels.txt"
+  echo "== kernels of one call ($layer$TAG):"
+  cat "$rep.kernels.txt"
+  [ "${KERNELS_ONLY:-0}" = 1 ] && continue
+  # shellcheck disable=SC2086
+  env ${PROF_ENV:-} ncu --clock-control none -k regex:bwd_dkdv_sm90 -c 1 --set full --import-source no -f -o "$rep" \
+    "$CLI" bench $args --batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda >"$rep.log" 2>&1 ||
+    { echo "ncu failed for $layer"; tail -20 "$rep.log"; continue; }
+  ncu -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>/dev/null
+  python3 - "$rep.sass.csv" >"${rep}_sass.txt" <<'EOF'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+# the page starts with a "Kernel Name" line; the header is the first row that names the Source column
+start = next((k for k, r in enumerate(rows) if "Source" in r), None)
+if start is None:
+    sys.exit("no source page")
+hdr = rows[start]
+rows = rows[start:]
+print("columns:", ", ".join(hdr))
+def col(name):
+    for i, h in enumerate(hdr):
+        if h == name:
+            return i
+    return None
+src = col("Source")
+samp = col("Warp Stall Sampling (All Samples)")
+stall_cols = [i for i, h in enumerate(hdr) if "stall" in h.lower() and "Sampling" not in h]
+if samp is None:
+    print("columns:", hdr)
+    sys.exit(0)
+body = [r for r in rows[1:] if len(r) == len(hdr)]
+def num(x):
+    try:
+        return float(x.replace(",", ""))
+    except ValueError:
+        return 0.0
+total = sum(num(r[samp]) for r in body)
+print(f"total stall samples {total:.0f} over {len(body)} SASS lines")
+for r in sorted(body, key=lambda r: -num(r[samp]))[:60]:
+    reasons = sorted(((num(r[i]), hdr[i]) for i in stall_cols if num(r[i]) > 0), reverse=True)[:3]
+    print(f"{num(r[samp]):7.0f} {100 * num(r[samp]) / max(total, 1):5.1f}%  {r[src][:90]:90s} "
+          + " ".join(f"{n}:{v:.0f}" for v, n in reasons))
+EOF
+  rm -f "$rep.sass.csv"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|L1/TEX Hit|L2 Hit|Bank" \
+    "$rep.txt" | head -20
+done
