@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
   // V_{nb-2} (P V, step nb - 1) has retired, so K_{nb+1} and V_nb are issued into those buffers then.
   // Every key block of the block's range is computed by both warpgroups (a tile this warpgroup's rows cannot see
   // is all -inf after the mask: m, l and O are unchanged), so no wgmma sits under a data-dependent branch.
+  // The same step order as fwd_sm90_ws.cuh's consumers, written out in each (fwd_sm90_mainloop.cuh says why).
   if (nb_lo < nb_hi) {
     issue_kv(0, nb_lo);
     cp_async_commit();

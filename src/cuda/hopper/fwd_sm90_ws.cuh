@@ -255,6 +255,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           fwd_softmax_step<T>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane);
         };
 
+        // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
+        // each kernel: fwd_sm90_mainloop.cuh says why).
         uint32_t ap[BN / 16][4];
         {
           float s[NT][4];
