@@ -2,7 +2,8 @@
 // 64 and 128, fp16 / bf16, without bias or dropout (fwd_kernel.cuh runs every other combination).
 // Same math, mask, sink and epilogue as fwd_kernel (online softmax with the sink as an already-seen key,
 // softmax.cuh: the wgmma accumulator of a warp is the mma.sync C layout, so OnlineSoftmax / make_logits /
-// store_fragment work unchanged):
+// store_fragment work unchanged); the per-key-block steps (the S and P V wgmma chains, the softmax step) are
+// fwd_sm90_mainloop.cuh's, shared with the warp-specialised fwd_sm90_ws.cuh:
 //   S = Q K^T (per key block of BN = 64 or 128 keys), m_new = max(m, rowmax(S) * scale * log2(e)),
 //   P = exp2(S * c - m_new), l = l * alpha + rowsum(P), O = O * alpha + P V; out = O / l, LSE = (m + log2 l) ln 2.
 // Block: 2 warpgroups x 64 query rows (the sm_80 grid: 128 query rows per block). Per key block: S as an
@@ -18,12 +19,11 @@
 #include <cuda.h>
 
 #include "cuda/epilogue.cuh"
+#include "cuda/hopper/fwd_sm90_mainloop.cuh"
 #include "cuda/hopper/sm90_common.cuh"
-#include "cuda/hopper/wgmma_ops.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/prologue.cuh"
 #include "cuda/scheduler.cuh"
-#include "cuda/scores.cuh"
 #include "cuda/softmax.cuh"
 
 namespace sinkattn::cuda::sm90 {
@@ -91,12 +91,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
 
   const bool q_tma = tma.ok != 0 && m0 + BM <= sq.len_q;
   if (q_tma) {
-    if (tid == 0) {
-      mbar_arrive_expect_tx(&bars[4], BM * HD * sizeof(T));
-#pragma unroll
-      for (int c = 0; c < HD / 64; ++c)
-        tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + m0, h, nbatch, &bars[4]);
-    }
+    if (tid == 0) tma_load_tile_sw<BM, HD>(sQ, &tma.q, static_cast<int>(sq.q_start) + m0, h, nbatch, &bars[4]);
   } else {
     const T* qg = qt.template q_rows<const T>(p.q, p.q_st);
     load_tile_sw<BM, HD, Tr::kThreads>(sQ, qg, p.q_st.s, sq.len_q - m0, p.d, tid);
@@ -113,13 +108,8 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
     T* dst = (v ? sV : sK) + buf * BN * HD;
     uint64_t* bar = &bars[2 * v + buf];
     if (kv_tma(nb)) {
-      if (tid == 0) {
-        mbar_arrive_expect_tx(bar, BN * HD * sizeof(T));
-#pragma unroll
-        for (int c = 0; c < HD / 64; ++c)
-          tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0, hk, nbatch,
-                      bar);
-      }
+      if (tid == 0)
+        tma_load_tile_sw<BN, HD>(dst, v ? &tma.v : &tma.k, static_cast<int>(sq.kv_start) + j0, hk, nbatch, bar);
     } else if (v) {
       load_tile_sw<BN, HD, Tr::kThreads>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
     } else {
@@ -152,37 +142,17 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
   const int row_w = m0 + wg * 64 + wl * 16;  // first query row of this warp (within the sequence)
   const T* sQ_wg = sQ + wg * 64 * 64;        // rows 64 wg .. 64 wg + 63 of every panel (1024-byte aligned)
 
-  // S = Q K^T of block nb into s (issued and committed, not waited for).
+  // The steps of fwd_sm90_mainloop.cuh on key block nb (its K / V buffer: (nb - nb_lo) & 1): S = Q K^T into s
+  // and O += P V (issued and committed, not waited for); mask / scale and the online-softmax step (s becomes P,
+  // alpha the factors for O).
   auto issue_s = [&](float (&s)[NT][4], int nb) {
-    const T* k_cur = sK + ((nb - nb_lo) & 1) * BN * HD;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-      Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
-    wgmma_commit();
+    fwd_issue_s<T, BM, HD>(s, sQ_wg, sK + ((nb - nb_lo) & 1) * BN * HD);
   };
-  // O += P V of block nb: A = P from registers (k-step kc = keys 16 kc .. 16 kc + 15), B = V read MN-major.
   auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int nb) {
-    const T* v_cur = sV + ((nb - nb_lo) & 1) * BN * HD;
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
-    wgmma_commit();
+    fwd_issue_pv<T>(acc, ap, sV + ((nb - nb_lo) & 1) * BN * HD);
   };
-  // Mask / scale and the online-softmax step of block nb: s becomes P, alpha the factors for O.
   auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int nb) {
-    const int j0 = nb * BN;
-    const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
-    const bool fold = !need_mask && p.scale_log2 > 0.f;
-    if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
-    sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
-  };
-  auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-      ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-      ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-    }
+    fwd_softmax_step<T>(sm, s, alpha, p, mk, n, h, row_w, nb * BN, lane);
   };
 
   // Pipeline (one warpgroup; both run it in step): step nb issues S_nb = Q K_nb^T and O += P_{nb-1} V_{nb-1},
@@ -192,6 +162,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
   // V_{nb-2} (P V, step nb - 1) has retired, so K_{nb+1} and V_nb are issued into those buffers then.
   // Every key block of the block's range is computed by both warpgroups (a tile this warpgroup's rows cannot see
   // is all -inf after the mask: m, l and O are unchanged), so no wgmma sits under a data-dependent branch.
+  // The same step order as fwd_sm90_ws.cuh's consumers, written out in each (fwd_sm90_mainloop.cuh says why).
   if (nb_lo < nb_hi) {
     issue_kv(0, nb_lo);
     cp_async_commit();
@@ -210,7 +181,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
       fence_acc(s);
       float alpha[2];
       softmax(s, alpha, nb_lo);  // O = 0: alpha not needed
-      pack_p(s, ap);
+      pack_a_frags<T>(s, ap);
     }
     for (int nb = nb_lo + 1; nb < nb_hi; ++nb) {
       wait_tiles(nb, nb - 1);
@@ -228,7 +199,7 @@ __global__ void __launch_bounds__(256, FwdSm90Traits<HD>::kMinBlocks)
       wgmma_wait<0>();
       fence_acc(acc);
       rescale_rows(acc, alpha);
-      pack_p(s, ap);
+      pack_a_frags<T>(s, ap);
     }
     wait_tiles(-1, nb_hi - 1);
     wgmma_fence();

@@ -8,7 +8,8 @@
 //         S_j = Q K_j^T (wgmma, both operands from shared memory),
 //         m_new = max(m, rowmax(S_j) * scale * log2 e), P_j = exp2(S_j * c - m_new), l = l * alpha + rowsum(P_j)
 //         O = O * alpha + P_{j} V_{j}     (wgmma, A = P from registers)
-//     with the online softmax of softmax.cuh unchanged (the sink as an already-seen key: m = sigma log2 e, l = 1),
+//     with the online softmax of softmax.cuh unchanged (the sink as an already-seen key: m = sigma log2 e, l = 1;
+//     the S and P V wgmma chains and the softmax step are fwd_sm90_mainloop.cuh's, shared with fwd_sm90.cuh),
 //     S_j issued together with P_{j-1} V_{j-1} (intra-warpgroup overlap: the softmax of S_j runs while the tensor
 //     cores compute P V), and release K_j / V_{j-1} to the producer ("empty" mbarriers) as soon as their wgmmas
 //     retire;
@@ -25,11 +26,10 @@
 
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/fwd_sm90.cuh"
+#include "cuda/hopper/fwd_sm90_mainloop.cuh"
 #include "cuda/hopper/sm90_common.cuh"
-#include "cuda/hopper/wgmma_ops.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/scheduler.cuh"
-#include "cuda/scores.cuh"
 #include "cuda/softmax.cuh"
 
 namespace sinkattn::cuda::sm90 {
@@ -72,6 +72,16 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #endif
+}
+
+// The loading warp's cp.async copies, completed on the "full" barrier `bar` as TMA completes its own: wait for this
+// thread's copies, make them visible to wgmma's async proxy, then one arrival for the warp.
+__device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
 }
 
 template <typename T, int HD, int NC_>
@@ -155,21 +165,13 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
         // once the consumers have released the previous tile's Q.
         mbar_wait(q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
         if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
-          if (lane == 0) {
-            mbar_arrive_expect_tx(q_full, BM * HD * sizeof(T));
-#pragma unroll
-            for (int c = 0; c < HD / 64; ++c)
-              tma_load_4d(sQ + c * BM * 64, &tma.q, c * 64, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, q_full);
-          }
+          if (lane == 0)
+            tma_load_tile_sw<BM, HD>(sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, q_full);
         } else {
           const T* qg =
               static_cast<const T*>(p.q) + t.n * p.q_st.b + (sq.q_start + t.m0) * p.q_st.s + t.h * p.q_st.h;
           load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async();
-          __syncwarp();
-          if (lane == 0) mbar_arrive(q_full);
+          cp_async_arrive_warp(q_full, lane);
         }
         ++qi;
         const T* kg = static_cast<const T*>(p.k) + t.n * p.k_st.b + sq.kv_start * p.k_st.s + t.hk * p.k_st.h;
@@ -186,23 +188,15 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
             T* dst = (v ? sV : sK) + s * BN * HD;
             mbar_wait(empty, empty_parity);
             if (full) {
-              if (lane == 0) {
-                mbar_arrive_expect_tx(fullb, BN * HD * sizeof(T));
-#pragma unroll
-                for (int c = 0; c < HD / 64; ++c)
-                  tma_load_4d(dst + c * BN * 64, v ? &tma.v : &tma.k, c * 64, static_cast<int>(sq.kv_start) + j0,
-                              t.hk, nbatch, fullb);
-              }
+              if (lane == 0)
+                tma_load_tile_sw<BN, HD>(dst, v ? &tma.v : &tma.k, static_cast<int>(sq.kv_start) + j0, t.hk, nbatch,
+                                         fullb);
             } else {
               if (v)
                 load_tile_sw_rolled<BN, HD>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, lane, 32);
               else
                 load_tile_sw_rolled<BN, HD>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, lane, 32);
-              cp_async_commit();
-              cp_async_wait<0>();
-              fence_proxy_async();
-              __syncwarp();
-              if (lane == 0) mbar_arrive(fullb);
+              cp_async_arrive_warp(fullb, lane);
             }
           }
         }
@@ -249,37 +243,20 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
       if (nblocks > 0) {
         mbar_wait(q_full, qi & 1);
 
+        // The steps of fwd_sm90_mainloop.cuh on the key block of ring position k_it / v_it (stage % S; the
+        // softmax step takes the block's index i within the tile).
         auto issue_s = [&](float (&s)[NT][4], int k_it) {
-          const T* k_cur = sK + (k_it % S) * BN * HD;
-#pragma unroll
-          for (int kk = 0; kk < HD / 16; ++kk)
-            Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<BM>(sQ_wg, kk), desc_kmajor_sw<BN>(k_cur, kk), kk > 0);
-          wgmma_commit();
+          fwd_issue_s<T, BM, HD>(s, sQ_wg, sK + (k_it % S) * BN * HD);
         };
         auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
-          const T* v_cur = sV + (v_it % S) * BN * HD;
-#pragma unroll
-          for (int kc = 0; kc < BN / 16; ++kc)
-            Wgmma<T, HD>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<BN>(v_cur, kc), 1);
-          wgmma_commit();
+          fwd_issue_pv<T>(acc, ap, sV + (v_it % S) * BN * HD);
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          const int j0 = (nb_lo + i) * BN;
-          const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, BN);
-          const bool fold = !need_mask && p.scale_log2 > 0.f;
-          if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
-          sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
-        };
-        auto pack_p = [&](const float (&s)[NT][4], uint32_t (&ap)[BN / 16][4]) {
-#pragma unroll
-          for (int kc = 0; kc < BN / 16; ++kc) {
-            ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-            ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-            ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-          }
+          fwd_softmax_step<T>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane);
         };
 
+        // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
+        // each kernel: fwd_sm90_mainloop.cuh says why).
         uint32_t ap[BN / 16][4];
         {
           float s[NT][4];
@@ -293,7 +270,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           release(&k_empty[it % S]);
           float alpha[2];
           softmax(s, alpha, 0);  // O = 0: alpha not needed
-          pack_p(s, ap);
+          pack_a_frags<T>(s, ap);
         }
         for (int i = 1; i < nblocks; ++i) {
           const int cur = it + i, prev = it + i - 1;
@@ -314,7 +291,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           fence_acc(acc);
           release(&v_empty[prev % S]);
           rescale_rows(acc, alpha);
-          pack_p(s, ap);
+          pack_a_frags<T>(s, ap);
         }
         const int last = it + nblocks - 1;
         mbar_wait(&v_full[last % S], full_parity(last));

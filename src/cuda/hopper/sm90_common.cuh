@@ -1,8 +1,8 @@
-// CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, and
-// cp.async tile loads into the layout the descriptors describe. PTX ISA, "Asynchronous Warpgroup Level Matrix
-// Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts. Two layouts: the core-matrix
-// layout below (no swizzle; K, V, dS of the dK dV kernel) and the 128-byte-swizzled row panels further down (the
-// tiles TMA loads).
+// CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, register
+// A operands packed from accumulators, and cp.async tile loads into the layout the descriptors describe. PTX ISA,
+// "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts.
+// Two layouts: the core-matrix layout below (no swizzle; K, V, dS of the dK dV kernel) and the 128-byte-swizzled
+// row panels further down (the tiles TMA loads).
 //
 // Shared-memory tile layout ("core matrices", no swizzle): a ROWS x COLS tile of 16-bit elements is cut into 8 x 8
 // core matrices of 128 contiguous bytes (row r % 8 of a core matrix = 16 bytes), stored row-block-major:
@@ -70,6 +70,21 @@ __device__ __forceinline__ void fence_acc(float (&a)[NT][4]) {
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(a[i][e])::"memory");
+}
+
+// fp32 accumulator fragments of a warp's 16 x (8 NT) rows (the mma.sync C layout) rounded to T as the register A
+// operand of NT / 2 m64nNk16 wgmmas (rs): k-step kc = columns 16 kc .. 16 kc + 15 = n-tiles 2 kc and 2 kc + 1 (the
+// mma.sync A layout). P of the forward's O += P V, P^T of the dK dV kernel's dV += P^T dO.
+template <typename T, int NT, int KC>
+__device__ __forceinline__ void pack_a_frags(const float (&c)[NT][4], uint32_t (&a)[KC][4]) {
+  static_assert(NT == 2 * KC, "two n-tiles per k-step");
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    a[kc][0] = ElemTraits<T>::pack(c[2 * kc][0], c[2 * kc][1]);
+    a[kc][1] = ElemTraits<T>::pack(c[2 * kc][2], c[2 * kc][3]);
+    a[kc][2] = ElemTraits<T>::pack(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[kc][3] = ElemTraits<T>::pack(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+  }
 }
 
 // cp.async copy of a ROWS x COLS tile (row stride `ld` elements) into the core-matrix layout: chunk idx (16 bytes)
@@ -227,6 +242,17 @@ __device__ __forceinline__ void bulk_wait() {
 template <int ROWS>
 __device__ __forceinline__ int sw128_f32_offset(int r, int c) {
   return (c >> 5) * (ROWS * 128) + r * 128 + ((((c & 31) >> 2) ^ (r & 7)) << 4) + ((c & 3) << 2);
+}
+
+// TMA load of a ROWS x HD tile of 16-bit elements at (row, head, batch) of a 4-d tensor map (box 64 columns x ROWS
+// rows, 128-byte swizzle) into the swizzled row-panel layout: one box per panel, completing on `bar`, which is armed
+// for the tile's bytes (one arrival).
+template <int ROWS, int HD, typename T>
+__device__ __forceinline__ void tma_load_tile_sw(T* dst, const void* tmap, int row, int head, int batch,
+                                                 uint64_t* bar) {
+  mbar_arrive_expect_tx(bar, ROWS * HD * sizeof(T));
+#pragma unroll
+  for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * ROWS * 64, tmap, c * 64, row, head, batch, bar);
 }
 
 // Element offset of (r, c) in a core-matrix tile with COLS columns.

@@ -1,0 +1,63 @@
+// CUDA backend, Hopper: the per-key-block steps of one consumer warpgroup (64 query rows) that both Hopper
+// forward kernels are made of (SPEC.md section 2): fwd_sm90.cuh (software-pipelined, 2 warpgroups) and
+// fwd_sm90_ws.cuh (warp-specialised, 2 or 3 consumer warpgroups); each kernel keeps only its own loads,
+// synchronisation and pipeline order around them.
+//   fwd_issue_s:   S = Q K^T of one key block of BN keys, an m64nBNk16 wgmma chain over the head dim (A = Q,
+//                  B = K, both K-major from the 128-byte-swizzled row panels of sm90_common.cuh), committed,
+//                  not waited for;
+//   fwd_issue_pv:  O += P V, an m64nHDk16 chain over the BN keys (A = P from registers, pack_a_frags of
+//                  sm90_common.cuh; B = V read MN-major), committed, not waited for;
+//   fwd_softmax_step: mask / scale of S (scores.cuh) and the online-softmax step (softmax.cuh, the sink as an
+//                  already-seen key): S becomes P = exp2(S * c - m_new), alpha the factors O must be multiplied by.
+// The wgmma accumulator of a warp is the mma.sync C layout (rows g and g + 8 of the warp's 16), so OnlineSoftmax,
+// make_logits and the epilogue (epilogue.cuh) work on it unchanged.
+// The order of these steps over a tile's key blocks (S_j issued with P_{j-1} V_{j-1}, wait for S_j, softmax while
+// P V runs, wait, rescale, pack) is the same in both kernels but written out in each: one function template taking
+// the kernels' waits / turns / releases as lambdas (tried, nvcc 13.0) cost fwd_sm90_kernel 10 registers at head dim
+// 64 (110 -> 120) and 13 at 128 (222 -> 235; integer arithmetic moved off the uniform datapath) and the
+// warp-specialised kernel's 2-consumer variants 4-5 % more SASS instructions, also with each loop's index kept.
+#pragma once
+
+#include "cuda/hopper/sm90_common.cuh"
+#include "cuda/hopper/wgmma_ops.cuh"
+#include "cuda/mask.cuh"
+#include "cuda/params.cuh"
+#include "cuda/scores.cuh"
+#include "cuda/softmax.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+// S (64 x BN, BN = 8 NT) = Q K^T: sQ_wg = this warpgroup's 64 rows of a Q tile of QROWS rows (1024-byte aligned:
+// 64 rows of every panel), sK = a K tile of BN rows, both HD wide.
+template <typename T, int QROWS, int HD, int NT>
+__device__ __forceinline__ void fwd_issue_s(float (&s)[NT][4], const T* sQ_wg, const T* sK) {
+  constexpr int BN = NT * 8;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    Wgmma<T, BN>::template ss<0, 0>(s, desc_kmajor_sw<QROWS>(sQ_wg, kk), desc_kmajor_sw<BN>(sK, kk), kk > 0);
+  wgmma_commit();
+}
+
+// O (64 x HD, HD = 8 NO) += P V: ap = P as A fragments (k-step kc = keys 16 kc .. 16 kc + 15 of the BN = 16 KC),
+// sV = a V tile of BN rows.
+template <typename T, int KC, int NO>
+__device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t (&ap)[KC][4], const T* sV) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) Wgmma<T, NO * 8>::template rs<1>(acc, ap[kc], desc_mnmajor_sw<KC * 16>(sV, kc), 1);
+  wgmma_commit();
+}
+
+// Mask / scale and the online-softmax step of the key block starting at key j0, for the warp whose 16 query rows
+// start at row_w (within the sequence): s becomes P, alpha the factors for O. Interior tiles keep the raw Q.K
+// products and fold the scale into the exp2 argument (OnlineSoftmax::step).
+template <typename T, int NT>
+__device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
+                                                 const Params& p, const Mask& mk, int n, int h, int row_w, int j0,
+                                                 int lane) {
+  const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, NT * 8);
+  const bool fold = !need_mask && p.scale_log2 > 0.f;
+  if (!fold) make_logits<T, NT, false, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
+  sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
+}
+
+}  // namespace sinkattn::cuda::sm90
