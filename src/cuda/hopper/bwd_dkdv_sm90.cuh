@@ -12,6 +12,11 @@
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
 // staged in shared memory; dQ (64 x HD) split by columns between the warpgroups, A = dS (MN-major), B = K (MN-major).
+// K, V (loaded once, cp.async) and the staged dS^T are in the 128-byte-swizzled row-panel layout too: dS^T's stores
+// are conflict-free (a warp's 8 rows x 4 column pairs hit 32 distinct banks); K as dQ's MN-major B operand starts
+// at column n0 (at head dim 64, 64 bytes into the swizzle atom: the hardware swizzles the absolute address).
+// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01 second session):
+// within 1% (not the reason for the kernel's speed); kept so that every tile of the kernel has one layout.
 // Q, dO are double-buffered in the 128-byte-swizzled row-panel layout (sm90_common.cuh): a query block with all
 // 64 rows valid is loaded by TMA (2 * HD / 64 boxes of 64 columns x 64 rows, one thread, completion on an mbarrier
 // per buffer) when the launcher could describe q and d_out as tensor maps (Sm90Tma::ok); other blocks (the last,
@@ -62,8 +67,7 @@ struct DkvSm90Traits {
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
   static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
-  // sK, sV [BN][HD] (core-matrix layout); sQ, sdO [2][BM][HD] (128-byte-swizzled row panels); sdS [BN][BM]
-  // (core-matrix layout), 2 bytes each; sdQ [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds,
+  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds,
   // in the swizzled image of the ws_dq map's boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
   // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
   static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 +
@@ -139,8 +143,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 
   const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
   const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
-  load_tile_cm<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
-  load_tile_cm<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  load_tile_sw<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
+  load_tile_sw<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does).
@@ -204,8 +208,9 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   // P = dS = 0 there), which then writes zeros to its rows of sdS.
   int qg_lo = 0, qg_hi = 0;
   if (key_wg < sq.len_kv) mk.query_range(key_wg, min(key_wg + 64, sq.len_kv), qg_lo, qg_hi);
-  const T* sK_wg = sK + cm_offset<HD>(wg * 64, 0);
-  const T* sV_wg = sV + cm_offset<HD>(wg * 64, 0);
+  // The warpgroup's 64 rows of K / V (the K-major A operand of S^T / dP^T) start 64 rows into each panel.
+  const T* sK_wg = sK + wg * 64 * 64;
+  const T* sV_wg = sV + wg * 64 * 64;
 
   // kDet: the semaphore of query block qb (nullptr when qb >= n_qb, which only batch tensors that break the
   // max_seqlen_q contract give: unvalidated under graph capture; no counter outside the workspace is touched then,
@@ -259,11 +264,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor<HD>(sK_wg, kk), desc_kmajor_sw<BM>(q_cur, kk), kk > 0);
+        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor_sw<BN>(sK_wg, kk), desc_kmajor_sw<BM>(q_cur, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor<HD>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
+        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor_sw<BN>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<1>();  // S^T
       fence_acc(s);
@@ -277,13 +282,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[nt * 8 + 2 * t + (e & 1)]));
       // dV += P^T dO: A = P^T from registers (k-step kc = queries 16 kc .. 16 kc + 15), B = dO read MN-major.
       uint32_t ap[BM / 16][4];
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) {
-        ap[kc][0] = ElemTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-        ap[kc][1] = ElemTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-        ap[kc][2] = ElemTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        ap[kc][3] = ElemTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-      }
+      pack_a_frags<T>(s, ap);
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc)
@@ -302,24 +301,18 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
+        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
+        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
       }
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) {
-        as[kc][0] = ElemTraits<T>::pack(dpv[2 * kc][0], dpv[2 * kc][1]);
-        as[kc][1] = ElemTraits<T>::pack(dpv[2 * kc][2], dpv[2 * kc][3]);
-        as[kc][2] = ElemTraits<T>::pack(dpv[2 * kc + 1][0], dpv[2 * kc + 1][1]);
-        as[kc][3] = ElemTraits<T>::pack(dpv[2 * kc + 1][2], dpv[2 * kc + 1][3]);
-      }
+      pack_a_frags<T>(dpv, as);
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0, c)) = 0u;
-        *reinterpret_cast<uint32_t*>(sdS + cm_offset<BM>(r0 + 8, c)) = 0u;
+        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = 0u;
+        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = 0u;
       }
     }
     if constexpr (kDet) {
@@ -351,7 +344,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor<BM>(sdS, kk), desc_mnmajor<HD>(sK, kk, n0), kk > 0);
+        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor_sw<BN>(sdS, kk),
+                                                  desc_mnmajor_sw<BN>(sK + (n0 / 64) * BN * 64 + n0 % 64, kk), kk > 0);
       wgmma_commit();
       // dK += dS^T Q: A = dS^T from registers, B = Q read MN-major (issued unconditionally, with dS^T = 0 when the
       // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).

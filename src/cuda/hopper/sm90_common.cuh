@@ -1,16 +1,9 @@
 // CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, register
 // A operands packed from accumulators, and cp.async tile loads into the layout the descriptors describe. PTX ISA,
 // "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts.
-// Two layouts: the core-matrix layout below (no swizzle; K, V, dS of the dK dV kernel) and the 128-byte-swizzled
-// row panels further down (the tiles TMA loads).
-//
-// Shared-memory tile layout ("core matrices", no swizzle): a ROWS x COLS tile of 16-bit elements is cut into 8 x 8
-// core matrices of 128 contiguous bytes (row r % 8 of a core matrix = 16 bytes), stored row-block-major:
-//   elem(r, c) at ((r / 8) * (COLS / 8) + c / 8) * 64 + (r % 8) * 8 + c % 8   (elements)
-// The same tile serves as a K-major operand (rows = M or N, cols = K) and as an MN-major one (rows = K, cols =
-// M or N); only the descriptor's byte offsets differ:
-//   K-major:  LBO (next core matrix along K) = 128 B,              SBO (next along M/N) = COLS / 8 * 128 B
-//   MN-major: LBO (next core matrix along K) = COLS / 8 * 128 B,   SBO (next along M/N) = 128 B
+// One layout for every 16-bit tile of the Hopper kernels: the 128-byte-swizzled row panels further down (the
+// tiles TMA loads, and those loaded by cp.async into the same layout). The core-matrix layout (no swizzle) that
+// the dK dV kernel's K, V and dS^T had until 2026-12-01 measured within 1% of it (bench/RESULTS.md).
 #pragma once
 
 #include <cstdint>
@@ -19,24 +12,13 @@
 
 namespace sinkattn::cuda::sm90 {
 
-// Matrix descriptor (no swizzle, base offset 0): bits 0-13 start address >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4.
+// Matrix descriptor (base offset 0; the swizzle mode is or-ed in by make_desc_sw128): bits 0-13 start address >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4.
 __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint32_t addr = smem_addr(smem);
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32);
 }
 
-// Descriptor of the 16-wide k-step `kk` of a core-matrix tile with COLS columns, used K-major (cols = K).
-template <int COLS, typename T>
-__device__ __forceinline__ uint64_t desc_kmajor(const T* tile, int kk) {
-  return make_desc(tile + kk * 2 * 64, 128, COLS / 8 * 128);
-}
-// Descriptor of the 16-deep k-step `kk` of a core-matrix tile with COLS columns, used MN-major (rows = K), starting
-// at column n0 (a multiple of 8).
-template <int COLS, typename T>
-__device__ __forceinline__ uint64_t desc_mnmajor(const T* tile, int kk, int n0 = 0) {
-  return make_desc(tile + kk * 2 * (COLS / 8) * 64 + (n0 / 8) * 64, COLS / 8 * 128, 128);
-}
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -87,25 +69,8 @@ __device__ __forceinline__ void pack_a_frags(const float (&c)[NT][4], uint32_t (
   }
 }
 
-// cp.async copy of a ROWS x COLS tile (row stride `ld` elements) into the core-matrix layout: chunk idx (16 bytes)
-// = (row block, column chunk, row % 8) with row % 8 fastest, so it lands at element 8 * idx (consecutive threads
-// fill one core matrix: no bank conflict). Rows >= rows_valid and columns >= cols_valid are zero-filled unread.
-template <int ROWS, int COLS, int NTHREADS, typename T>
-__device__ __forceinline__ void load_tile_cm(T* smem, const T* gmem, int64_t ld, int rows_valid, int cols_valid,
-                                             int tid) {
-  constexpr int kChunks = COLS / 8, kTotal = ROWS * kChunks;
-  static_assert(kTotal % NTHREADS == 0, "whole passes");
-#pragma unroll
-  for (int k = 0; k < kTotal / NTHREADS; ++k) {
-    const int idx = tid + k * NTHREADS;
-    const int r8 = idx & 7, cc = (idx >> 3) % kChunks, rb = (idx >> 3) / kChunks;
-    const int r = rb * 8 + r8;
-    const bool valid = r < rows_valid && cc * 8 < cols_valid;
-    cp_async16(smem + idx * 8, valid ? gmem + r * ld + cc * 8 : gmem, valid);
-  }
-}
 
-// ---- 128-byte-swizzled row panels (Q, K, V of the forward; Q, dO of the dK dV kernel): a ROWS x COLS tile of
+// ---- 128-byte-swizzled row panels (Q, K, V of the forward; Q, dO, K, V, dS^T of the dK dV kernel): a ROWS x COLS tile of
 // 16-bit elements is cut into COLS / 64 panels of ROWS rows x 128 bytes, one after another; in every row the
 // 16-byte chunk j is stored at chunk position j ^ (row % 8):
 //   elem(r, c) at byte (c / 64) * ROWS * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2
@@ -119,6 +84,11 @@ __device__ __forceinline__ void load_tile_cm(T* smem, const T* gmem, int64_t ld,
 //     along M / N); the 16-deep k-step kk starts at row 16 kk.
 __device__ __forceinline__ uint64_t make_desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return make_desc(smem, lbo_bytes, sbo_bytes) | (1ull << 62);
+}
+// Element offset of (r, c) in the swizzled row panels of a ROWS-row tile of 16-bit elements (the formula above).
+template <int ROWS>
+__device__ __forceinline__ int sw_offset(int r, int c) {
+  return (c >> 6) * (ROWS * 64) + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
 }
 template <int ROWS, typename T>
 __device__ __forceinline__ uint64_t desc_kmajor_sw(const T* tile, int kk) {
@@ -255,10 +225,5 @@ __device__ __forceinline__ void tma_load_tile_sw(T* dst, const void* tmap, int r
   for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * ROWS * 64, tmap, c * 64, row, head, batch, bar);
 }
 
-// Element offset of (r, c) in a core-matrix tile with COLS columns.
-template <int COLS>
-__device__ __forceinline__ int cm_offset(int r, int c) {
-  return ((r >> 3) * (COLS / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
-}
 
 }  // namespace sinkattn::cuda::sm90
