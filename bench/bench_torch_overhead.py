@@ -2,20 +2,27 @@
 """Host time that torch.ops.sinkattn.fwd / bwd (and the Python API around them) add to the C ABI call they wrap.
 
 Tiny shapes (b=1, s=1, h=1, d=8, learnable sinks, causal), so that the work itself is negligible; per-call host time
-(time.perf_counter_ns around each call, mean after warm-up, no device synchronisation inside the timed calls) of:
+(time.perf_counter_ns around batches of calls after warm-up, no device synchronisation inside the timed calls; the
+rows are interleaved batch by batch, and each prints the median and the minimum over its batches, so that a busy
+machine shifts all rows alike) of:
   ctypes no-op        a ctypes call of sinkattn_params_size (the cost of calling C from Python at all)
   C ABI               size query + sinkattn_forward / sinkattn_backward through ctypes on prepared tensors
   op                  torch.ops.sinkattn.fwd / bwd (dispatcher, argument boxing, output and workspace allocation)
   flash_attn_func     the Python API (argument checks, sink upcast), without and with autograd (forward + backward)
-  op .default ...     the op's time split: without the packet's overload resolution, below the autograd kernel, the
-                      CPU / CUDA kernel alone (dispatcher, boxing, the C++ body), and three allocations
+  op .default ...     the op's time split: without the packet's overload resolution, below the autograd kernel (the
+                      dispatcher from Python), the CPU / CUDA kernel alone (redispatched from Python: argument
+                      conversion, stable-ABI boxing, the C++ body), and three allocations. The autograd kernel is the
+                      compiled one (libsinkattn_torch_autograd.so, when built for this PyTorch) or the Python one
+                      (torch.library.register_autograd; forced with SINKATTN_TORCH_AUTOGRAD=python): the first line
+                      says which
   custom_op + ctypes  the other binding route, for the record: a torch.library.custom_op in Python whose body fills
                       sinkattn_params_t through ctypes and makes the same C ABI call (forward only, no fake kernel)
-The op's overhead is  op - (C ABI - 2 x ctypes no-op)  (the C ABI line pays two ctypes calls).
-Usage: bench_torch_overhead.py [--device cpu|cuda] [--iters N]"""
+The op's overhead is  op - (C ABI - 2 x ctypes no-op)  (the C ABI line pays two ctypes calls), from the medians and
+from the minima.
+Usage: bench_torch_overhead.py [--device cpu|cuda] [--iters N] [--threads N (CPU backend threads, default torch's)]"""
 import argparse
-import ctypes
 import os
+import statistics
 import sys
 import time
 
@@ -23,29 +30,39 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sinkattn.torch as st  # noqa: E402
+from sinkattn.torch import _ops  # noqa: E402
 import torch_cabi  # noqa: E402
 
 
-def timed(fn, iters, warmup=200):
-    for _ in range(warmup):
-        fn()
+def timed_rows(rows, iters, batches=20, warmup=200):
+    """{name: (median, min)} us per call of each (name, fn, calls) row: `batches` rounds, each timing one batch of
+    calls / batches calls of every row in turn (interleaved, so that load on the machine hits all rows alike)."""
+    for _, fn, _ in rows:
+        for _ in range(warmup):
+            fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    total = 0
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        total += time.perf_counter_ns() - t0
+    per = {name: [] for name, _, _ in rows}
+    for _ in range(batches):
+        for name, fn, calls in rows:
+            m = max(1, calls // batches)
+            t0 = time.perf_counter_ns()
+            for _ in range(m):
+                fn()
+            per[name].append((time.perf_counter_ns() - t0) / m / 1000.0)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return total / iters / 1000.0  # us
+    return {name: (statistics.median(v), min(v)) for name, v in per.items()}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--iters", type=int, default=5000)
+    ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     dev, n = a.device, a.iters
     lib = torch_cabi.library()
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -83,33 +100,40 @@ def main():
         with torch._C._AutoDispatchBelowAutograd():
             return fwd_default(*args)
 
+    fwd_handle = fwd_default._handle
+    bwd_handle = torch.ops.sinkattn.bwd.default._handle
     rows = [
-        ("ctypes no-op", timed(lambda: lib.sinkattn_params_size(), n)),
-        ("C ABI forward", timed(lambda: torch_cabi.call(lib, pf), n)),
-        ("op forward", timed(lambda: torch.ops.sinkattn.fwd(*fwd_args), n)),
+        ("ctypes no-op", lambda: lib.sinkattn_params_size(), n),
+        ("C ABI forward", lambda: torch_cabi.call(lib, pf), n),
+        ("op forward", lambda: torch.ops.sinkattn.fwd(*fwd_args), n),
         # where the op's time goes: the overload without the packet's resolution, the same below the autograd
-        # kernel (what the API calls without grad), the backend kernel alone (dispatcher + boxing + the C++ body),
-        # and the output allocations the body makes (out, lse, workspace-sized)
-        ("  op .default", timed(lambda: fwd_default(*fwd_args), n)),
-        ("  op .default below autograd", timed(lambda: below_autograd(*fwd_args), n)),
-        ("  op backend kernel only", timed(lambda: fwd_default.redispatch(backend_keys, *fwd_args), n)),
-        ("  3 x torch.empty", timed(lambda: (torch.empty_like(q), torch.empty_like(lse), torch.empty(256, device=dev)), n)),
-        ("flash_attn_func (no grad)", timed(lambda: st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks), n)),
-        ("custom_op + ctypes forward", timed(lambda: probe(q, k, v, sinks), n)),
-        ("C ABI backward", timed(lambda: torch_cabi.call(lib, pb, backward=True), n)),
-        ("op backward", timed(lambda: torch.ops.sinkattn.bwd(*bwd_args), n)),
-        ("flash_attn_func fwd+bwd (autograd)", timed(fb, n // 4)),
+        # kernel (the dispatcher from Python), the backend kernel alone (redispatched from Python: conversion of the
+        # arguments, boxing through the stable ABI, the C++ body), and three output allocations from Python
+        ("  op .default", lambda: fwd_default(*fwd_args), n),
+        ("  op .default below autograd", lambda: below_autograd(*fwd_args), n),
+        ("  op backend kernel only", lambda: fwd_handle.redispatch_boxed(backend_keys, *fwd_args), n),
+        ("  3 x torch.empty", lambda: (torch.empty_like(q), torch.empty_like(lse), torch.empty(256, device=dev)), n),
+        ("flash_attn_func (no grad)", lambda: st.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks), n),
+        ("custom_op + ctypes forward", lambda: probe(q, k, v, sinks), n // 4),
+        ("C ABI backward", lambda: torch_cabi.call(lib, pb, backward=True), n),
+        ("op backward", lambda: torch.ops.sinkattn.bwd(*bwd_args), n),
+        ("  op backward backend kernel only", lambda: bwd_handle.redispatch_boxed(backend_keys, *bwd_args), n),
+        ("flash_attn_func fwd+bwd (autograd)", fb, n // 4),
     ]
+    t = timed_rows(rows, n)
     print(f"torch {torch.__version__}, device {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}), "
-          f"{torch.get_num_threads()} threads, {n} calls, mean host time per call")
-    for name, us in rows:
-        print(f"  {name:36s} {us:8.2f} us")
-    t = dict(rows)
-    noop = t["ctypes no-op"]
-    for pas in ("forward", "backward"):
-        over = t[f"op {pas}"] - (t[f"C ABI {pas}"] - 2 * noop)
-        print(f"  op {pas} overhead over the C ABI call: {over:6.2f} us (limit 15)")
-    print(f"  flash_attn_func (no grad) over the C ABI forward: {t['flash_attn_func (no grad)'] - (t['C ABI forward'] - 2 * noop):6.2f} us")
+          f"{torch.get_num_threads()} threads, {n} calls per row, autograd kernel: {getattr(_ops, 'AUTOGRAD', None) or 'python'}; host time per "
+          "call, median / min over 20 batches")
+    for name, _, _ in rows:
+        med, mn = t[name]
+        print(f"  {name:36s} {med:8.2f} {mn:8.2f} us")
+    for i, stat in enumerate(("median", "min")):
+        noop = t["ctypes no-op"][i]
+        for pas in ("forward", "backward"):
+            over = t[f"op {pas}"][i] - (t[f"C ABI {pas}"][i] - 2 * noop)
+            print(f"  op {pas} overhead over the C ABI call ({stat}): {over:6.2f} us (limit 15)")
+        api = t["flash_attn_func (no grad)"][i] - (t["C ABI forward"][i] - 2 * noop)
+        print(f"  flash_attn_func (no grad) over the C ABI forward ({stat}): {api:6.2f} us")
     del keep_f, keep_b
 
 

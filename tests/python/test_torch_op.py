@@ -289,6 +289,28 @@ def test_opcheck(device, case):
     torch.library.opcheck(torch.ops.sinkattn.bwd.default, bwd_args)
 
 
+
+def test_autograd_kernel_route():
+    """The compiled autograd kernel of fwd is used exactly when it was built for this PyTorch (and not forced off);
+    otherwise the formula is registered from Python. Either way the dispatcher has an Autograd kernel for fwd, from
+    the file that AUTOGRAD names (the whole suite runs under both: SINKATTN_TORCH_AUTOGRAD=python for the second)."""
+    import os
+
+    from sinkattn.torch import _ops
+    compiled = _ops.autograd_library_path() is not None
+    assert _ops.AUTOGRAD == ("compiled" if compiled else "python")
+    if os.environ.get("SINKATTN_TORCH_AUTOGRAD", "").lower() == "python":
+        assert not compiled
+    dump = torch._C._dispatch_dump("sinkattn::fwd")
+    line = next(x for x in dump.splitlines() if x.startswith("Autograd"))
+    assert ("torch_autograd.cpp" in line) == compiled, line
+    # a call that needs no gradient returns tensors without autograd history, one that does gets it
+    q, k, v, sinks = _qkv(grad=False)
+    out = torch.ops.sinkattn.fwd(*_fwd_args(q, k, v, sinks))[0]
+    assert out.grad_fn is None and not out.requires_grad
+    out = torch.ops.sinkattn.fwd(*_fwd_args(q, k, v, sinks.clone().requires_grad_(True)))[0]
+    assert out.requires_grad and out.grad_fn is not None
+
 # ---- torch.compile ----
 class TinyAttention(torch.nn.Module):
     """A GPT-OSS-style attention block: projections, a learnable sink per head, sliding or full causal attention."""
