@@ -195,16 +195,18 @@ std::string dispatch_rules() {
          "library carries sm_90a code, for tiles 64 and 128 without bias or dropout (forward: not for windows "
          "spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
-         " keys per 128 query rows); backward dq: fused into the dK dV kernel with fp32 atomics (deterministic = 0), "
-         "fused in a fixed key-block order under per-query-block semaphores on the Hopper kernel (deterministic = "
-         "1), or the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels "
-         "run everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up "
-         "to 16 query rows per sequence (fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: "
-         "the query heads of a KV group packed into one tile, split-KV with a combine, the sink counted once), the "
-         "sm_80 forward through the page table for longer paged chunks, and on Hopper the warp-specialised forward "
-         "(producer warp, 3 consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
+         " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
+         "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
+         "under per-query-block semaphores on the Hopper kernel (deterministic = 1), or the separate sm_80 dq "
+         "kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels run everything else (a bias / "
+         "dropout variant when either is present). Forward: the decode kernels for up to 16 query rows per sequence "
+         "(fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: the query heads of a KV "
+         "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "
+         "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "
+         "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
-         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, SINKATTN_CUDA_DQ_ATOMICS=1";
+         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
+         "SINKATTN_CUDA_DQ_ATOMICS=1";
 }
 
 }  // namespace sinkattn::cuda

@@ -55,7 +55,6 @@ if start is None:
     sys.exit("no source page")
 hdr = rows[start]
 rows = rows[start:]
-print("columns:", ", ".join(hdr))
 def col(name):
     for i, h in enumerate(hdr):
         if h == name:

@@ -67,8 +67,9 @@ struct DkvSm90Traits {
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
   static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
-  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds,
-  // in the swizzled image of the ws_dq map's boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
+  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
+  // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
+  // boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
   // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
   static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 +
                                2 * kBlockM * HD * 4 + 4 * kBlockM * 4 + 16 + 1024;

@@ -12,7 +12,8 @@
 
 namespace sinkattn::cuda::sm90 {
 
-// Matrix descriptor (base offset 0; the swizzle mode is or-ed in by make_desc_sw128): bits 0-13 start address >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4.
+// Matrix descriptor (base offset 0; the swizzle mode is or-ed in by make_desc_sw128): bits 0-13 start address >> 4,
+// 16-29 LBO >> 4, 32-45 SBO >> 4.
 __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint32_t addr = smem_addr(smem);
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
@@ -69,10 +70,9 @@ __device__ __forceinline__ void pack_a_frags(const float (&c)[NT][4], uint32_t (
   }
 }
 
-
-// ---- 128-byte-swizzled row panels (Q, K, V of the forward; Q, dO, K, V, dS^T of the dK dV kernel): a ROWS x COLS tile of
-// 16-bit elements is cut into COLS / 64 panels of ROWS rows x 128 bytes, one after another; in every row the
-// 16-byte chunk j is stored at chunk position j ^ (row % 8):
+// ---- 128-byte-swizzled row panels (Q, K, V of the forward; Q, dO, K, V, dS^T of the dK dV kernel): a ROWS x COLS
+// tile of 16-bit elements is cut into COLS / 64 panels of ROWS rows x 128 bytes, one after another; in every row
+// the 16-byte chunk j is stored at chunk position j ^ (row % 8):
 //   elem(r, c) at byte (c / 64) * ROWS * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2
 // which is what one TMA box of 64 columns x ROWS rows with CU_TENSOR_MAP_SWIZZLE_128B writes (each global row
 // read as 128-byte pieces; boxes of 8 columns into the no-swizzle layout, tried first, read 16-byte pieces and
