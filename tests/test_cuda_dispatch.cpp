@@ -71,9 +71,21 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   sw = Switches{};
   sw.no_tma = true;  // no TMA at all: no reduce-adds either
   EXPECT_FALSE(choose_kernels(c, kH200, sw).dq_tma);
-  Call det = c;  // the deterministic dq adds in a fixed order, with atomics
+  Call det = c;  // the deterministic dq adds in a fixed order, by the same reduce-adds (and their switch)
   det.deterministic = true;
-  EXPECT_FALSE(choose_kernels(det, kH200, Switches{}).dq_tma);
+  const KernelChoice kd = choose_kernels(det, kH200, Switches{});
+  EXPECT_EQ(kd.dq, DqPath::kFusedOrdered);
+  EXPECT_TRUE(kd.dq_tma);
+  EXPECT_EQ(kd.summary(Pass::kBackward),
+            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused in a fixed order (per-query-block semaphores, "
+            "deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)");
+  sw = Switches{};
+  sw.dq_atomics = true;
+  const KernelChoice kda = choose_kernels(det, kH200, sw);
+  EXPECT_FALSE(kda.dq_tma);
+  EXPECT_EQ(kda.summary(Pass::kBackward),
+            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused in a fixed order (per-query-block semaphores, "
+            "deterministic)");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
   EXPECT_FALSE(choose_kernels(few, kH200, Switches{}).dq_tma);

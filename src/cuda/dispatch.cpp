@@ -130,7 +130,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
-    k.dq_tma = k.dq == DqPath::kFusedAtomic && !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 &&
+    k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 &&
                rows_q >= k.dkdv_block_m;
   } else {
     k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
@@ -183,7 +183,11 @@ std::string KernelChoice::summary(Pass pass) const {
       s += dq_tma ? ", dq fused (TMA reduce-add of fp32 tiles; atomics for partial query blocks)"
                   : ", dq fused (fp32 atomics)";
       break;
-    case DqPath::kFusedOrdered: s += ", dq fused in a fixed order (per-query-block semaphores, deterministic)"; break;
+    case DqPath::kFusedOrdered:
+      s += dq_tma ? ", dq fused in a fixed order (per-query-block semaphores, deterministic; TMA reduce-add of fp32 "
+                    "tiles, atomics for partial query blocks)"
+                  : ", dq fused in a fixed order (per-query-block semaphores, deterministic)";
+      break;
   }
   if (!bwd_why.empty()) s += ": " + bwd_why;
   return s;
@@ -197,8 +201,9 @@ std::string dispatch_rules() {
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
-         "under per-query-block semaphores on the Hopper kernel (deterministic = 1), or the separate sm_80 dq "
-         "kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels run everything else (a bias / "
+         "under per-query-block semaphores on the Hopper kernel (deterministic = 1, the same TMA reduce-adds), or "
+         "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels run "
+         "everything else (a bias / "
          "dropout variant when either is present). Forward: the decode kernels for up to 16 query rows per sequence "
          "(fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: the query heads of a KV "
          "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "

@@ -66,7 +66,7 @@ struct KernelChoice {
   int dkdv_block_n = 0, dkdv_block_m = 0;
   bool dkdv_tma = false;
   DqPath dq = DqPath::kDqKernel;
-  bool dq_tma = false;  // kFusedAtomic on kSm90: full query blocks add their dq tile by TMA reduce-add
+  bool dq_tma = false;  // kFusedAtomic / kFusedOrdered on kSm90: full query blocks add their dq tile by TMA reduce-add
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

@@ -7,9 +7,9 @@
 //   * Order. Each (n, hk, query block qb) has a semaphore (a counter in the workspace, zeroed before the launch).
 //     The key blocks that see qb are kb_lo(qb) .. kb_hi(qb) - 1 (common/mask.hpp: key_blocks_of_query_block, the
 //     same relation the kernel walks from the key side), and block kb adds its part of qb, for every query head of
-//     the group, as turn kb - kb_lo(qb): it waits until the counter equals its turn, adds (fp32 vector reductions of
-//     its own elements: no other block writes them meanwhile), and after all its adds the counter is incremented
-//     with release semantics. So every element of ws_dq receives the same sequence of fp32 additions, in the same
+//     the group, as turn kb - kb_lo(qb): it waits until the counter equals its turn, adds (a full query block's
+//     64 x HD tiles by TMA reduce-adds, a partial one's by fp32 vector reductions of its own elements: no other block
+//     writes them meanwhile), and once all its adds are complete the counter is incremented with release semantics. So every element of ws_dq receives the same sequence of fp32 additions, in the same
 //     order, on every run: the sum is bitwise reproducible (each contribution is itself a fixed sequence of wgmma
 //     products of the same inputs).
 //   * No deadlock. A block takes a ticket (an atomic counter in the workspace) when it starts and works on the tile
@@ -19,9 +19,12 @@
 //     block's turn before it waits for the next), so by induction on the ticket every block finishes, whatever the
 //     number of blocks resident at once. (Hardware launch order is not relied on.)
 //   * Speed. Steps run query-block-major and descending (the heads of the group for the last query block first),
-//     so a block starts where its predecessors in every order also start and stays behind them; the wait of a
-//     turn is issued while the step's dQ and dK products run; the release of a query block's turn is done one step
-//     later (its reductions are then complete), so no thread waits for its own reductions to land.
+//     so a block starts where its predecessors in every order also start and stays behind them; the release of a
+//     query block's turn (one step after its last adds: thread 0 waits for its reduce-adds to complete, then
+//     fences) and the wait for the next turn are both issued while the step's dQ and dK products run, never before
+//     the barrier that precedes them (where they stalled the block). One turn per query block, not per (query
+//     head, query block): per-step turns couple a block to its predecessor step by step, measured 11% slower on
+//     the GPT-OSS layers (bench/RESULTS.md, 2026-12-01 third session).
 #pragma once
 
 #include <cstdint>

@@ -25,16 +25,18 @@
 // Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
-// dQ adds (kDet = false): a full query block's 64 x HD fp32 tile is stored to sdQ (two buffers, the swizzled image of
+// dQ adds: a full query block's 64 x HD fp32 tile is stored to sdQ (two buffers, the swizzled image of
 // the ws_dq tensor map's 32-column boxes: conflict-free float2 stores) and added to ws_dq by TMA reduce-adds that
 // thread 0 issues after the next barrier (the reduce unit does the adds; before this, 2 * HD / 8 float2 atomics per
 // thread and step); thread 0 waits for the reduce-adds of two steps ago to have read their buffer before the
-// barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks, kDet, and
+// barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks and
 // SINKATTN_CUDA_DQ_ATOMICS=1 add with per-thread atomics.
 // kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
 // descending, the first step of a query block reads its counter early and, before its dQ adds, waits for its turn
-// (one lane per warp, while dQ and dK run), and the step after its last one releases the turn (thread 0, before
-// the barrier that precedes dQ).
+// while dQ and dK run (thread 0 alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one
+// lane per warp), and the step after its last one releases the turn (thread 0, once the reduce-adds have completed,
+// while that step's dQ and dK run). One turn per query block, not per (query head, query block): measured
+// (bench/RESULTS.md, 2026-12-01 third session), per-step turns slowed the GPT-OSS layers (group 8) by 11%.
 #pragma once
 
 #include <cuda.h>
@@ -55,7 +57,7 @@ namespace sinkattn::cuda::sm90 {
 // of 16-bit elements, box 64 x 64 x 1 x 1, 128-byte swizzle; dense: rows = s_q, b = p.b; varlen: rows = total
 // rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
 // dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
-// TMA reduce-adds of the fused dq (deterministic = 0); dq_ok = 0: none (per-thread atomics instead).
+// TMA reduce-adds of the fused dq (both modes); dq_ok = 0: none (per-thread atomics instead).
 struct Sm90Tma {
   CUtensorMap q, d_out, dq;
   int ok, dq_ok;
@@ -150,10 +152,10 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
-  // The same for the dq adds (deterministic = 0): a full block's tile goes to sdQ and, after the next barrier, to
-  // ws_dq by TMA reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial
-  // block adds with atomics (a box would add to the next sequence's rows).
-  auto tma_dq = [&](int i0) { return !kDet && tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
+  // The same for the dq adds: a full block's tile goes to sdQ and, after the next barrier, to ws_dq by TMA
+  // reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial block adds
+  // with atomics (a box would add to the next sequence's rows).
+  auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
   bool pending = false;
   int pending_buf = 0, pending_h = 0, pending_row = 0;
   auto issue_dq = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the pending step
@@ -231,21 +233,24 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     }
     fence_proxy_async();
     __syncthreads();
-    bool issued = false;  // thread 0: this step issued the reduce-adds of the previous one
-    if constexpr (!kDet) {
-      if (pending && tid == 0) issue_dq();
-      issued = pending;
-      pending = false;
-    }
+    // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
+    if (pending && tid == 0) issue_dq();
+    const bool issued = pending;
+    pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
     if (prefetch) issue(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
-    unsigned seen = 0;  // kDet: an early read of this step's counter (its latency hides behind S, dP and dV)
+    // kDet, the first step of a query block: its counter, read early (its latency hides behind S, dP and dV) by
+    // the threads that wait for the turn: thread 0 when it adds the tiles by TMA, else lane 0 of every warp (each
+    // adds its own elements).
+    const unsigned* sem = nullptr;
+    unsigned seen = 0;
+    const bool waits = kDet && Order::opens_query_block(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (Order::opens_query_block(ih) && lane == 0) {
-        const unsigned* sem = dq_sem(qb_lo + iq);
+      if (waits) {
+        sem = dq_sem(qb_lo + iq);
         if (sem != nullptr) seen = load_turn(sem);
       }
     }
@@ -316,23 +321,13 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = 0u;
       }
     }
-    if constexpr (kDet) {
-      // This step opens a query block: every add of the previous one was issued before this step's first barrier
-      // (and has had the step to land), so its turn goes to the next key block.
-      if (it > 0 && Order::opens_query_block(ih) && tid == 0) {
-        unsigned* prev = dq_sem(qb_lo + Order::previous_query_block(iq));
-        if (prev != nullptr) release_turn(prev);
-      }
-    }
     // This step's sdQ buffer was read by the reduce-adds issued in the previous step (of the step before it), the
     // newest group unless this step issued one.
-    if constexpr (!kDet) {
-      if (tid == 0) {
-        if (issued)
-          bulk_wait_read<1>();
-        else
-          bulk_wait_read<0>();
-      }
+    if (tid == 0) {
+      if (issued)
+        bulk_wait_read<1>();
+      else
+        bulk_wait_read<0>();
     }
     fence_proxy_async();
     __syncthreads();
@@ -355,13 +350,24 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
       wgmma_commit();
       if constexpr (kDet) {
-        if (Order::opens_query_block(ih)) {  // this block's turn in the query block's order, before its adds
-          const int qb = qb_lo + iq;
-          const unsigned* sem = dq_sem(qb);
-          if (lane == 0 && sem != nullptr)
-            wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb)), seen);
-          __syncwarp();
+        // A step that opens a query block closes the previous one: its turn goes to the next key block. Its atomics
+        // preceded this step's first barrier and its reduce-adds (the last of them issued after that barrier) are
+        // waited for here, while dQ and dK run: before the barrier that precedes them, this wait and the release's
+        // fence (MEMBAR.GPU) stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session).
+        if (tid == 0 && it > 0 && Order::opens_query_block(ih)) {
+          unsigned* prev = dq_sem(qb_lo + Order::previous_query_block(iq));
+          bulk_wait<0>();
+          if (prev != nullptr) {
+            fence_proxy_async_global();
+            release_turn(prev);
+          }
         }
+        // This block's turn in the query block's order, before its adds.
+        if (waits && sem != nullptr) {
+          wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb_lo + iq)), seen);
+          fence_proxy_async_global();  // the TMA reduce-adds after the acquire
+        }
+        __syncwarp();
       }
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
@@ -401,19 +407,20 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     ih = ih_next;
     iq = iq_next;
   }
+  if (pending) {  // the last step's tile (uniform: a function of its query block)
+    __syncthreads();
+    if (tid == 0) issue_dq();
+  }
+  if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   if constexpr (kDet) {
-    if (iters > 0) {  // the last query block's turn, after every thread's adds
+    if (iters > 0) {  // the last query block's turn, after every thread's atomics and the reduce-adds
       __syncthreads();
       unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
-      if (tid == 0 && last != nullptr) release_turn(last);
+      if (tid == 0 && last != nullptr) {
+        fence_proxy_async_global();
+        release_turn(last);
+      }
     }
-  }
-  if constexpr (!kDet) {
-    if (pending) {  // the last step's tile (uniform: a function of its query block)
-      __syncthreads();
-      if (tid == 0) issue_dq();
-    }
-    if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   }
   cp_async_wait<0>();
   wgmma_wait<0>();

@@ -45,6 +45,14 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Orders this thread's generic-proxy global-memory accesses against its async-proxy ones (TMA reduce-adds): after
+// an acquire, before the reduce-adds it guards; after their completion (bulk_wait), before the release.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // Tensor-core accumulators must not be touched by ordinary instructions while a wgmma on them is in flight; the
 // compiler is told so by passing them through an empty asm after the wait.
 template <int NT>
