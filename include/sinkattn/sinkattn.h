@@ -12,6 +12,8 @@
  *   size_t ws; sinkattn_forward_workspace_size(&p, &ws);
  *   p.workspace = alloc(ws); p.workspace_bytes = ws;
  *   if (sinkattn_forward(&p) != SINKATTN_OK) fprintf(stderr, "%s\n", sinkattn_last_error());
+ * or, validating once with the workspace from an allocator callback (bindings that allocate per call):
+ *   sinkattn_forward_alloc(&p, my_alloc, my_allocator_state, 0);
  *
  * Every entry point validates the whole parameter struct first (SPEC.md section 4) and writes nothing to
  * any output when validation fails. Errors are returned as a status; the message (naming the argument and
@@ -215,6 +217,31 @@ SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_p
  * says. Dense calls: nothing to do. Same validation as the pass. Device memory: one kernel on p->stream that reads
  * cu_seqlens[b] on the device (no synchronisation; graph-capturable); host memory: done before returning. */
 SINKATTN_API sinkattn_status_t sinkattn_clear_unowned_rows(const sinkattn_params_t* p, int32_t is_backward);
+
+/* The caller's workspace allocator for sinkattn_forward_alloc / sinkattn_backward_alloc: returns at least `bytes`
+ * (> 0) bytes in the memory of the call's tensors (device memory of q's device for the CUDA backend), or NULL when it
+ * cannot. `user` is the caller's pointer, passed through. The library neither frees nor keeps the pointer: the memory
+ * must stay valid until the pass's work on p->stream is done (a stream-ordered caching allocator, such as PyTorch's,
+ * may hand it out again after that). The allocator must not throw (C++ callers catch inside it and return NULL). */
+typedef void* (*sinkattn_workspace_alloc_t)(size_t bytes, void* user);
+
+/* flags of sinkattn_forward_alloc / sinkattn_backward_alloc */
+#define SINKATTN_RUN_CLEAR_UNOWNED_ROWS 1u /* after the pass, what sinkattn_clear_unowned_rows does (varlen) */
+
+/* sinkattn_forward / sinkattn_backward with the workspace from the caller's allocator, for bindings that allocate
+ * per call: *p is validated ONCE (every rule of the size query and of the run, the batch tensors' contents included,
+ * read back as trust_device_batch_tensors says), the workspace is sized as sinkattn_*_workspace_size would size it,
+ * alloc(bytes, user) is called once when that is > 0 (never for 0, never when validation fails), the pass runs with
+ * that workspace (p->workspace and p->workspace_bytes are ignored, *p is not modified), and with
+ * flags & SINKATTN_RUN_CLEAR_UNOWNED_ROWS the rows of no sequence are then filled as sinkattn_clear_unowned_rows fills
+ * them (varlen; nothing for dense calls). Same tensors read and written, results, statuses and messages as the
+ * sequence size query, run (and clear_unowned_rows) with the same params. Further errors: INVALID_ARGUMENT for a NULL
+ * alloc or unknown flag bits; WORKSPACE_TOO_SMALL when alloc returns NULL ("workspace: the allocator returned NULL
+ * for N bytes ..."), with nothing written to any output. */
+SINKATTN_API sinkattn_status_t sinkattn_forward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,
+                                                      void* user, uint32_t flags);
+SINKATTN_API sinkattn_status_t sinkattn_backward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,
+                                                       void* user, uint32_t flags);
 
 /* SPEC.md section 4: which backend would run this call (is_backward = 0: forward, 1: backward).
  * *chosen is the backend (CPU or CUDA), or AUTO if none can. `report` (may be NULL) receives a

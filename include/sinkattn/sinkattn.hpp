@@ -3,9 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "sinkattn/sinkattn.h"
 
@@ -56,6 +60,43 @@ inline size_t backward_workspace_size(const sinkattn_params_t& p) {
   size_t bytes = 0;
   check(sinkattn_backward_workspace_size(&p, &bytes));
   return bytes;
+}
+
+// sinkattn_forward_alloc / sinkattn_backward_alloc: one validation, the workspace from `alloc(bytes)` (any callable
+// returning void*; called at most once, with bytes > 0; an exception from it propagates after the library call
+// returned, nothing written), flags as the C functions take. Throws Error.
+namespace detail {
+template <class Alloc>
+struct AllocCall {
+  Alloc* alloc;
+  std::exception_ptr error;
+  static void* call(size_t bytes, void* user) {
+    auto* self = static_cast<AllocCall*>(user);
+    try {
+      return (*self->alloc)(bytes);
+    } catch (...) {
+      self->error = std::current_exception();
+      return nullptr;
+    }
+  }
+};
+template <class Alloc>
+void run_alloc(sinkattn_status_t (*fn)(const sinkattn_params_t*, sinkattn_workspace_alloc_t, void*, uint32_t),
+               const sinkattn_params_t& p, Alloc&& alloc, uint32_t flags) {
+  using A = std::remove_reference_t<Alloc>;
+  AllocCall<A> ctx{&alloc, nullptr};
+  const sinkattn_status_t st = fn(&p, &AllocCall<A>::call, &ctx, flags);
+  if (ctx.error) std::rethrow_exception(ctx.error);
+  check(st);
+}
+}  // namespace detail
+template <class Alloc>
+void forward_alloc(const sinkattn_params_t& p, Alloc&& alloc, uint32_t flags = 0) {
+  detail::run_alloc(&sinkattn_forward_alloc, p, std::forward<Alloc>(alloc), flags);
+}
+template <class Alloc>
+void backward_alloc(const sinkattn_params_t& p, Alloc&& alloc, uint32_t flags = 0) {
+  detail::run_alloc(&sinkattn_backward_alloc, p, std::forward<Alloc>(alloc), flags);
 }
 
 // Which backend would run `p`, and the per-backend report (why each other backend was not chosen).

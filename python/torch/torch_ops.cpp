@@ -12,8 +12,12 @@
 //                          deterministic, trust_device_batch_tensors) -> (dq, dk, dv, d_sinks, d_bias)
 //
 // Each is one sinkattn_params_t (include/sinkattn/sinkattn.h, SPEC.md sections 1-4) over the caller's tensors (any
-// strides, last dimension contiguous) and one C ABI call; the library validates it and its message
-// (sinkattn_last_error) becomes the Python exception (RuntimeError "sinkattn: ..."). Shapes and dtypes:
+// strides, last dimension contiguous) and one C ABI call, sinkattn_forward_alloc / sinkattn_backward_alloc: the library
+// validates the call once, sizes its workspace and takes it from PyTorch's allocator through a callback, runs the
+// pass and (varlen) fills the rows of no sequence; its message (sinkattn_last_error) becomes the Python exception
+// (RuntimeError "sinkattn: ..."). Host time per call (issue 11: at most 15 us over the C ABI call) is why the
+// tensors' metadata is read once (Device, Views: the sizes / strides arrays) and nothing is validated twice.
+// Shapes and dtypes:
 //   dense  q [b, s_q, h_q, d], k [b, s_kv, h_kv, d], v [b, s_kv, h_kv, d_v] -> out [b, s_q, h_q, d_v] (q's dtype),
 //          softmax_lse fp32 [b, h_q, s_q];  varlen (cu_seqlens_q given) q [total_q, h_q, d] -> out [total_q, h_q, d_v],
 //          softmax_lse fp32 [h_q, total_q]; rng_state int64 [2] = {seed, offset} with dropout_p > 0, else [0] (SPEC.md section 2, dropout).
@@ -29,6 +33,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -68,33 +74,64 @@ sinkattn_dtype_t dtype_of(const Tensor& t, const char* name) {
   fail(std::string(name) + ": dtype must be float32, float16, bfloat16 (or int32 / int64 for batch and rng tensors)");
 }
 
-Tensor new_tensor(const std::vector<int64_t>& shape, int32_t dtype, const Tensor& like);
+// The device of a call (q's): the stable C shim's device type and index, read once per call.
+struct Device {
+  int32_t type = 0, index = 0;
+  bool cuda = false;
+  explicit Device(const Tensor& t) {
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
+    cuda = type == aoti_torch_device_type_cuda();
+    if (cuda) STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
+  }
+};
+
+// A new contiguous tensor of `rank` extents from PyTorch's allocator (the caching allocator on CUDA) on `dev`.
+Tensor new_tensor(const int64_t* shape, int64_t rank, int32_t dtype, const Device& dev) {
+  int64_t strides[SINKATTN_MAX_RANK];
+  int64_t s = 1;
+  for (int64_t i = rank; i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(rank, shape, strides, dtype, dev.type, dev.index, &h));
+  return Tensor(h);
+}
+Tensor new_tensor(std::initializer_list<int64_t> shape, int32_t dtype, const Device& dev) {
+  return new_tensor(shape.begin(), static_cast<int64_t>(shape.size()), dtype, dev);
+}
 
 // Strided views of one call's tensors (SPEC.md section 1: strides in elements; the library checks the last one is 1).
 // PyTorch gives an empty tensor no storage (data NULL), which the library refuses for a present tensor; such a view
 // points at a small allocation on the call's device instead (never read: the tensor has no element) and has
 // row-major strides, so that zero-length inputs (a batch without keys, varlen buffers with no rows) keep their meaning.
+// Sizes and strides are read as the tensor's arrays (borrowed, two shim calls), not one call per dimension.
 struct Views {
-  const Tensor& like;
+  const Device& dev;
   std::optional<Tensor> placeholder;
 
   sinkattn_tensor_t operator()(const Tensor& t, const char* name) {
     const int64_t rank = t.dim();
     if (rank < 1 || rank > SINKATTN_MAX_RANK)
       fail(std::string(name) + ": rank must be between 1 and 4, got " + std::to_string(rank));
+    int64_t* sizes = nullptr;
+    int64_t* strides = nullptr;
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(t.get(), &sizes));
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(t.get(), &strides));
     sinkattn_tensor_t v{};
     v.data = t.data_ptr();
     v.dtype = dtype_of(t, name);
     v.rank = static_cast<int32_t>(rank);
-    const bool empty = t.numel() == 0;  // no element: any strides (PyTorch may give 0), here row-major ones
+    bool empty = false;  // no element: any strides (PyTorch may give 0), here row-major ones
+    for (int64_t i = 0; i < rank; ++i) empty |= sizes[i] == 0;
     int64_t stride = 1;
     for (int64_t i = rank; i-- > 0;) {
-      v.shape[i] = t.size(i);
-      v.strides[i] = empty ? stride : t.stride(i);
+      v.shape[i] = sizes[i];
+      v.strides[i] = empty ? stride : strides[i];
       stride *= v.shape[i] > 0 ? v.shape[i] : 1;
     }
     if (v.data == nullptr && empty) {
-      if (!placeholder) placeholder = new_tensor({16}, aoti_torch_dtype_uint8(), like);
+      if (!placeholder) placeholder = new_tensor({16}, aoti_torch_dtype_uint8(), dev);
       v.data = placeholder->data_ptr();
     }
     return v;
@@ -105,27 +142,13 @@ struct Views {
 };
 
 // Every tensor of a call lives on q's device (the library tells host from device memory, not one GPU from another).
-void same_device(const Tensor& q, const OptTensor& t, const char* name) {
+void same_device(const Device& q, const OptTensor& t, const char* name) {
   if (!t.has_value()) return;
-  if (t->is_cuda() != q.is_cuda() || (q.is_cuda() && t->get_device_index() != q.get_device_index()))
-    fail(std::string(name) + ": must be on the device of q");
-}
-
-// A new contiguous tensor from PyTorch's allocator (the caching allocator on CUDA) on the device of `like`.
-Tensor new_tensor(const std::vector<int64_t>& shape, int32_t dtype, const Tensor& like) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t s = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
-  }
-  int32_t device_type = 0;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  AtenTensorHandle h = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
-                                                         strides.data(), dtype, device_type,
-                                                         like.is_cuda() ? like.get_device_index() : 0, &h));
-  return Tensor(h);
+  int32_t type = 0, index = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t->get(), &type));
+  const bool cuda = type == aoti_torch_device_type_cuda();
+  if (cuda) STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t->get(), &index));
+  if (cuda != q.cuda || (q.cuda && index != q.index)) fail(std::string(name) + ": must be on the device of q");
 }
 
 int32_t torch_dtype(const Tensor& t) {
@@ -152,11 +175,11 @@ void* current_cuda_stream(int32_t device_index) {
 // Where and how the library runs: backend, stream (CUDA) or thread count (CPU, PyTorch's intra-op threads).
 struct Placement {
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
-  void place(const Tensor& q, sinkattn_params_t* p) {
-    if (q.is_cuda()) {
-      guard.emplace(q.get_device_index());
+  void place(const Device& dev, sinkattn_params_t* p) {
+    if (dev.cuda) {
+      guard.emplace(dev.index);
       p->backend = SINKATTN_BACKEND_CUDA;
-      p->stream = current_cuda_stream(q.get_device_index());
+      p->stream = current_cuda_stream(dev.index);
     } else {
       p->backend = SINKATTN_BACKEND_CPU;
       p->num_threads = static_cast<int32_t>(torch::stable::get_num_threads());
@@ -167,6 +190,7 @@ struct Placement {
 // The part of sinkattn_params_t that forward and backward share (SPEC.md sections 1-2): q, k, v, sinks, bias, the
 // batch description and the options, with the backend placement; every tensor is checked to be on q's device.
 struct Call {
+  Device dev;
   sinkattn_params_t p;
   Placement where;
   Views view;
@@ -176,9 +200,9 @@ struct Call {
        const OptTensor& seqlens_q, const OptTensor& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
        int64_t softmax_type, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
        int64_t mask_alignment, double dropout_p, bool deterministic, bool trust_device_batch_tensors)
-      : view{q} {
+      : dev(q), view{dev} {
     sinkattn_params_init(&p);
-    where.place(q, &p);
+    where.place(dev, &p);
     input(k, "k", &p.k);
     input(v, "v", &p.v);
     input(sinks, "sinks", &p.sinks);
@@ -203,35 +227,40 @@ struct Call {
 
   // A tensor the call reads: on q's device, viewed into `field`.
   void input(const OptTensor& t, const char* name, sinkattn_tensor_t* field) {
-    same_device(view.like, t, name);
+    same_device(dev, t, name);
     *field = view(t, name);
   }
+
+  // The pass, validated once by the library (sinkattn_forward_alloc / sinkattn_backward_alloc): the workspace
+  // (SPEC.md section 4) from PyTorch's allocator through the library's callback, and for varlen calls the rows of no
+  // sequence (SPEC.md section 1: a binding that allocates the outputs returns out = 0, dq = dk = dv = 0 and
+  // LSE = -inf there) filled by the library's helper in the same call, on the call's stream, writing exactly those
+  // rows. The workspace tensor lives until the end of the kernel (on CUDA the caching allocator hands its block out
+  // again only to work queued after the pass on the same stream).
+  void run(bool backward, bool varlen) {
+    struct Workspace {
+      const Device& dev;
+      std::optional<Tensor> tensor;
+      std::exception_ptr error;
+      static void* alloc(size_t bytes, void* user) {
+        auto* w = static_cast<Workspace*>(user);
+        try {
+          const int64_t n = static_cast<int64_t>(bytes);
+          w->tensor = new_tensor(&n, 1, aoti_torch_dtype_uint8(), w->dev);
+          return w->tensor->data_ptr();
+        } catch (...) {  // never across the C ABI: rethrown below
+          w->error = std::current_exception();
+          return nullptr;
+        }
+      }
+    } ws{dev, std::nullopt, nullptr};
+    const uint32_t flags = varlen ? SINKATTN_RUN_CLEAR_UNOWNED_ROWS : 0u;
+    const sinkattn_status_t st = backward ? sinkattn_backward_alloc(&p, &Workspace::alloc, &ws, flags)
+                                          : sinkattn_forward_alloc(&p, &Workspace::alloc, &ws, flags);
+    if (ws.error) std::rethrow_exception(ws.error);
+    check_status(st);
+  }
 };
-
-// The library's workspace (SPEC.md section 4), sized by its own query, from PyTorch's allocator. The query runs
-// with trust_device_batch_tensors set: it only sizes the call, and the run checks the batch tensors (at most once).
-std::optional<Tensor> workspace(sinkattn_params_t* p, bool backward, const Tensor& q) {
-  sinkattn_params_t query = *p;
-  query.trust_device_batch_tensors = 1;
-  size_t bytes = 0;
-  check_status(backward ? sinkattn_backward_workspace_size(&query, &bytes)
-                        : sinkattn_forward_workspace_size(&query, &bytes));
-  if (bytes == 0) return std::nullopt;
-  Tensor ws = new_tensor({static_cast<int64_t>(bytes)}, aoti_torch_dtype_uint8(), q);
-  p->workspace = ws.data_ptr();
-  p->workspace_bytes = bytes;
-  return ws;
-}
-
-// SPEC.md section 1: rows of packed (varlen) tensors after cu_seqlens_q[b] / cu_seqlens_kv[b] belong to no sequence
-// and the library never writes them; a binding that allocates the outputs returns out = 0, dq = dk = dv = 0 and
-// LSE = -inf there, through the library's helper (the same for every binding): on the call's stream, writing exactly
-// those rows. The pass has just validated the batch tensors: no second read-back.
-void clear_unowned_rows(bool varlen, sinkattn_params_t* p, bool backward) {
-  if (!varlen) return;
-  p->trust_device_batch_tensors = 1;
-  check_status(sinkattn_clear_unowned_rows(p, backward ? 1 : 0));
-}
 
 std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor sinks, OptTensor bias,
                                        OptTensor cu_seqlens_q, OptTensor cu_seqlens_kv, OptTensor seqused_kv,
@@ -256,21 +285,22 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor s
   call.input(rng_seed_offset, "rng_seed_offset", &p.rng_seed_offset);
   p.num_splits = static_cast<int32_t>(num_splits);
 
-  const int64_t h_q = q.size(varlen ? 1 : 2), d_v = v.size(-1);
-  Tensor out = varlen ? new_tensor({q.size(0), h_q, d_v}, torch_dtype(q), q)
-                      : new_tensor({q.size(0), q.size(1), h_q, d_v}, torch_dtype(q), q);
-  Tensor lse = varlen ? new_tensor({h_q, q.size(0)}, aoti_torch_dtype_float32(), q)
-                      : new_tensor({q.size(0), h_q, q.size(1)}, aoti_torch_dtype_float32(), q);
+  // the shapes from the views already taken (p.q, p.v: q's and v's extents)
+  const int64_t* qs = p.q.shape;
+  const int64_t h_q = qs[varlen ? 1 : 2], d_v = p.v.shape[p.v.rank - 1];
+  const Device& dev = call.dev;
+  const int32_t q_dtype = torch_dtype(q);
+  Tensor out = varlen ? new_tensor({qs[0], h_q, d_v}, q_dtype, dev) : new_tensor({qs[0], qs[1], h_q, d_v}, q_dtype, dev);
+  Tensor lse = varlen ? new_tensor({h_q, qs[0]}, aoti_torch_dtype_float32(), dev)
+                      : new_tensor({qs[0], h_q, qs[1]}, aoti_torch_dtype_float32(), dev);
   // {seed, offset} of the dropout mask (SPEC.md section 3) when dropout is on; without dropout an empty [0] tensor:
-  // nothing to reproduce, and no allocation or kernel launch on the hot path.
+  // nothing to reproduce, and no kernel launch on the hot path.
   const bool dropout = dropout_p > 0.0;
-  Tensor rng_state = new_tensor({dropout ? 2 : 0}, aoti_torch_dtype_int64(), q);
+  Tensor rng_state = new_tensor({dropout ? 2 : 0}, aoti_torch_dtype_int64(), dev);
   p.out = call.view(out, "out");
   p.softmax_lse = call.view(lse, "softmax_lse");
   if (dropout) p.rng_state = call.view(rng_state, "rng_state");
-  const std::optional<Tensor> ws = workspace(&p, /*backward=*/false, q);
-  check_status(sinkattn_forward(&p));
-  clear_unowned_rows(varlen, &p, /*backward=*/false);
+  call.run(/*backward=*/false, varlen);
   return {out, lse, rng_state};
 }
 
@@ -291,27 +321,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> bwd(
   call.input(d_lse, "d_lse", &p.d_lse);
   if (dropout_p > 0.0) call.input(rng_state, "rng_state", &p.rng_state);
 
-  auto shape = [](const Tensor& t) {
-    std::vector<int64_t> s(static_cast<size_t>(t.dim()));
-    for (int64_t i = 0; i < t.dim(); ++i) s[static_cast<size_t>(i)] = t.size(i);
-    return s;
+  // each gradient has the shape of its input's view (p.q, p.k, ...: the extents read once)
+  const Device& dev = call.dev;
+  auto like = [&](const sinkattn_tensor_t& view, int32_t dtype) {
+    return new_tensor(view.shape, view.rank, dtype, dev);
   };
-  Tensor dq = new_tensor(shape(q), torch_dtype(q), q);
-  Tensor dk = new_tensor(shape(k), torch_dtype(k), q);
-  Tensor dv = new_tensor(shape(v), torch_dtype(v), q);
+  Tensor dq = like(p.q, torch_dtype(q));
+  Tensor dk = like(p.k, torch_dtype(k));
+  Tensor dv = like(p.v, torch_dtype(v));
   const bool learnable = softmax_type == SINKATTN_SOFTMAX_LEARNABLE;
-  Tensor d_sinks = learnable && sinks.has_value() ? new_tensor(shape(*sinks), aoti_torch_dtype_float32(), q)
-                                                  : new_tensor({0}, aoti_torch_dtype_float32(), q);
-  Tensor d_bias = bias.has_value() ? new_tensor(shape(*bias), torch_dtype(*bias), q)
-                                   : new_tensor({0}, aoti_torch_dtype_float32(), q);
+  Tensor d_sinks = learnable && sinks.has_value() ? like(p.sinks, aoti_torch_dtype_float32())
+                                                  : new_tensor({0}, aoti_torch_dtype_float32(), dev);
+  Tensor d_bias = bias.has_value() ? like(p.bias, torch_dtype(*bias)) : new_tensor({0}, aoti_torch_dtype_float32(), dev);
   p.dq = call.view(dq, "dq");
   p.dk = call.view(dk, "dk");
   p.dv = call.view(dv, "dv");
   if (learnable) p.d_sinks = call.view(d_sinks, "d_sinks");
   if (bias.has_value()) p.d_bias = call.view(d_bias, "d_bias");
-  const std::optional<Tensor> ws = workspace(&p, /*backward=*/true, q);
-  check_status(sinkattn_backward(&p));
-  clear_unowned_rows(varlen, &p, /*backward=*/true);
+  call.run(/*backward=*/true, varlen);
   return {dq, dk, dv, d_sinks, d_bias};
 }
 

@@ -129,11 +129,29 @@ Choice choose_backend(const Call& c, bool with_kernels = false) {
   return ch;
 }
 
+// choose_backend without the report: the backend that runs a call the dispatcher would accept. Only the requested
+// backend (or, for AUTO, the one of the tensors' memory) is ever a candidate, so this asks that one alone; when it
+// cannot run the call (or is not compiled in), choose_backend builds the full answer (status and message). The
+// run entry points use this: per call it saves building the report strings nobody reads.
+Choice choose_backend_quiet(const Call& c) {
+  const sinkattn_backend_t requested = c.p->backend;
+  const sinkattn_backend_t id = requested != SINKATTN_BACKEND_AUTO ? requested
+                                : c.memory == Memory::kDevice     ? SINKATTN_BACKEND_CUDA
+                                                                  : SINKATTN_BACKEND_CPU;
+  const Backend* b = backend_for(id);
+  if (b != nullptr && b->supports(c).is_ok()) {
+    Choice ch;
+    ch.backend = b;
+    return ch;
+  }
+  return choose_backend(c);
+}
+
 Status workspace_size_impl(const sinkattn_params_t* p, Pass pass, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes: pointer is NULL");
   Call c;
   SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/true, &c));
-  const Choice ch = choose_backend(c);
+  const Choice ch = choose_backend_quiet(c);
   if (ch.backend == nullptr) return ch.status;
   return ch.backend->workspace_size(c, bytes);
 }
@@ -141,7 +159,7 @@ Status workspace_size_impl(const sinkattn_params_t* p, Pass pass, size_t* bytes)
 Status run_impl(const sinkattn_params_t* p, Pass pass) {
   Call c;
   SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
-  const Choice ch = choose_backend(c);
+  const Choice ch = choose_backend_quiet(c);
   if (ch.backend == nullptr) return ch.status;
   size_t need = 0;
   SINKATTN_RETURN_IF_ERROR(ch.backend->workspace_size(c, &need));
@@ -154,11 +172,12 @@ Status run_impl(const sinkattn_params_t* p, Pass pass) {
   return ch.backend->run(c);
 }
 
-// sinkattn_clear_unowned_rows: the rows of a varlen call's outputs that belong to no sequence (SPEC.md section 1).
-Status clear_unowned_impl(const sinkattn_params_t* p, Pass pass) {
-  Call c;
-  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
+// sinkattn_clear_unowned_rows: the rows of a varlen call's outputs that belong to no sequence (SPEC.md section 1),
+// for a call already resolved (validated) with data pointers.
+Status clear_unowned(const Call& c) {
   if (!c.plan.varlen) return Status::ok();
+  const sinkattn_params_t* p = c.p;
+  const Pass pass = c.pass;
   const auto end_of = [&](const sinkattn_tensor_t& cu) {
     return static_cast<const int32_t*>(cu.data) + c.b * cu.strides[0];
   };
@@ -204,6 +223,44 @@ Status clear_unowned_impl(const sinkattn_params_t* p, Pass pass) {
     const int64_t total = unowned_elements(regions[k], first);
     for (int64_t e = 0; e < total; ++e) fill_unowned_element(regions[k], first, e);
   }
+  return Status::ok();
+}
+
+Status clear_unowned_impl(const sinkattn_params_t* p, Pass pass) {
+  Call c;
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
+  return clear_unowned(c);
+}
+
+// sinkattn_forward_alloc / sinkattn_backward_alloc: one validation for the size query, the run and (with the flag)
+// the unowned rows. The run reads the workspace through Call::p, so it runs on a copy of the caller's struct that
+// holds the allocator's workspace (every other field, data pointers included, the caller's).
+Status run_alloc_impl(const sinkattn_params_t* p, Pass pass, sinkattn_workspace_alloc_t alloc, void* user,
+                      uint32_t flags) {
+  if (alloc == nullptr) return invalid("alloc: pointer is NULL");
+  if ((flags & ~uint32_t{SINKATTN_RUN_CLEAR_UNOWNED_ROWS}) != 0)
+    return invalid("flags: unknown bits " + std::to_string(flags & ~uint32_t{SINKATTN_RUN_CLEAR_UNOWNED_ROWS}) +
+                   " (only SINKATTN_RUN_CLEAR_UNOWNED_ROWS is defined)");
+  Call c;
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
+  const Choice ch = choose_backend_quiet(c);
+  if (ch.backend == nullptr) return ch.status;
+  size_t need = 0;
+  SINKATTN_RETURN_IF_ERROR(ch.backend->workspace_size(c, &need));
+  sinkattn_params_t with_ws = *p;
+  with_ws.workspace = nullptr;
+  with_ws.workspace_bytes = need;
+  if (need > 0) {
+    with_ws.workspace = alloc(need, user);
+    if (with_ws.workspace == nullptr)
+      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL,
+                    "workspace: the allocator returned NULL for the " + std::to_string(need) + " bytes this " +
+                        std::string(pass == Pass::kForward ? "forward" : "backward") + " on the " +
+                        ch.backend->name() + " backend needs"};
+  }
+  c.p = &with_ws;
+  SINKATTN_RETURN_IF_ERROR(ch.backend->run(c));
+  if (flags & SINKATTN_RUN_CLEAR_UNOWNED_ROWS) return clear_unowned(c);
   return Status::ok();
 }
 
@@ -272,6 +329,16 @@ SINKATTN_API sinkattn_status_t sinkattn_forward(const sinkattn_params_t* p) {
 
 SINKATTN_API sinkattn_status_t sinkattn_backward(const sinkattn_params_t* p) {
   return guarded([&] { return run_impl(p, Pass::kBackward); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_forward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,
+                                                      void* user, uint32_t flags) {
+  return guarded([&] { return run_alloc_impl(p, Pass::kForward, alloc, user, flags); });
+}
+
+SINKATTN_API sinkattn_status_t sinkattn_backward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,
+                                                       void* user, uint32_t flags) {
+  return guarded([&] { return run_alloc_impl(p, Pass::kBackward, alloc, user, flags); });
 }
 
 SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_params_t* p, size_t* bytes) {
