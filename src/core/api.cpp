@@ -156,13 +156,21 @@ Status workspace_size_impl(const sinkattn_params_t* p, Pass pass, size_t* bytes)
   return ch.backend->workspace_size(c, bytes);
 }
 
+// What every run entry point does first: the call validated with its data (resolve_call), the backend that runs
+// it and the workspace bytes it needs there.
+Status prepare_run(const sinkattn_params_t* p, Pass pass, Call* c, Choice* ch, size_t* need) {
+  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, c));
+  *ch = choose_backend_quiet(*c);
+  if (ch->backend == nullptr) return ch->status;
+  *need = 0;
+  return ch->backend->workspace_size(*c, need);
+}
+
 Status run_impl(const sinkattn_params_t* p, Pass pass) {
   Call c;
-  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
-  const Choice ch = choose_backend_quiet(c);
-  if (ch.backend == nullptr) return ch.status;
+  Choice ch;
   size_t need = 0;
-  SINKATTN_RETURN_IF_ERROR(ch.backend->workspace_size(c, &need));
+  SINKATTN_RETURN_IF_ERROR(prepare_run(p, pass, &c, &ch, &need));
   if (p->workspace_bytes < need || (need > 0 && p->workspace == nullptr))
     return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL,
                   "workspace: this " + std::string(pass == Pass::kForward ? "forward" : "backward") + " on the " +
@@ -242,11 +250,9 @@ Status run_alloc_impl(const sinkattn_params_t* p, Pass pass, sinkattn_workspace_
     return invalid("flags: unknown bits " + std::to_string(flags & ~uint32_t{SINKATTN_RUN_CLEAR_UNOWNED_ROWS}) +
                    " (only SINKATTN_RUN_CLEAR_UNOWNED_ROWS is defined)");
   Call c;
-  SINKATTN_RETURN_IF_ERROR(resolve_call(p, pass, /*shape_only=*/false, &c));
-  const Choice ch = choose_backend_quiet(c);
-  if (ch.backend == nullptr) return ch.status;
+  Choice ch;
   size_t need = 0;
-  SINKATTN_RETURN_IF_ERROR(ch.backend->workspace_size(c, &need));
+  SINKATTN_RETURN_IF_ERROR(prepare_run(p, pass, &c, &ch, &need));
   sinkattn_params_t with_ws = *p;
   with_ws.workspace = nullptr;
   with_ws.workspace_bytes = need;
