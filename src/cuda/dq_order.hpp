@@ -1,6 +1,6 @@
 // CUDA backend: the fixed order in which the Hopper dK dV kernel adds dq in the deterministic backward
 // (deterministic = 1; hopper/bwd_dkdv_sm90.cuh with kDet), and the block order it depends on. Host + device code
-// (SINKATTN_HD) so that tests/test_dq_order.cpp checks the order, and that it cannot deadlock, on the CPU.
+// (SINKATTN_HD) so that tests/test_mask_order.cpp checks the order, and that it cannot deadlock, on the CPU.
 //
 // The kernel runs one block per (key block kb, KV head hk, sequence n). dq_i = sum_j dS_ij k_j is accumulated in fp32
 // in the workspace (Params::ws_dq) by every key block that some row of i's query block sees. Deterministic mode:
@@ -24,7 +24,8 @@
 //     fences) and the wait for the next turn are both issued while the step's dQ and dK products run, never before
 //     the barrier that precedes them (where they stalled the block). One turn per query block, not per (query
 //     head, query block): per-step turns couple a block to its predecessor step by step, measured 11% slower on
-//     the GPT-OSS layers (bench/RESULTS.md, 2026-12-01 third session).
+//     the GPT-OSS layers; nor per two query blocks at group 1 (the runtime unit arithmetic cost registers and speed
+//     at every group; bench/RESULTS.md, 2026-12-01 third session).
 #pragma once
 
 #include <cstdint>
