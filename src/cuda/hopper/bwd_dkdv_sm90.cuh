@@ -6,7 +6,8 @@
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
 //   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
-//   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order), dQ += dS K (atomics)
+//   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order),
+//   dQ += dS K (fp32 TMA reduce-adds, or atomics)
 // Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), 64 query rows per step.
 // Per step: S^T and dP^T as two m64n64k16 chains (A = K or V rows of the warpgroup, B = Q or dO, both K-major);
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
