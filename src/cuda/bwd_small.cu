@@ -8,7 +8,7 @@
 //               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
 //               written, never accumulated into.
-//   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused non-deterministic backward).
+//   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused dq, either mode).
 //   d_bias:     d_bias[nb, hb, i, j] = sum over the broadcast dims of dS[n, h, i, j] (fixed order).
 #include "cuda/kernels.hpp"
 

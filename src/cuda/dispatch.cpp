@@ -130,8 +130,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
-    k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 &&
-               rows_q >= k.dkdv_block_m;
+    k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
   } else {
     k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
@@ -203,8 +202,8 @@ std::string dispatch_rules() {
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
          "under per-query-block semaphores on the Hopper kernel (deterministic = 1, the same TMA reduce-adds), or "
          "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels run "
-         "everything else (a bias / "
-         "dropout variant when either is present). Forward: the decode kernels for up to 16 query rows per sequence "
+         "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "
+         "16 query rows per sequence "
          "(fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: the query heads of a KV "
          "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "
          "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "

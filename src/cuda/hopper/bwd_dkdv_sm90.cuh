@@ -82,8 +82,9 @@ struct DkvSm90Traits {
 // (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
 // value checked later). wait_turn: from the value `seen` of such a load, loads again until the counter reaches
 // `turn`; the adds of the earlier turns are then visible to the thread (and, through the caller's __syncwarp, to
-// its warp). release_turn: adds 1 with release semantics, after the caller's barrier (every add of the block
-// before it).
+// its warp), and a proxy fence orders the TMA reduce-adds the thread issues afterwards after that acquire.
+// release_turn: a proxy fence (the block's completed TMA reduce-adds, bulk_wait, before what follows), then adds 1
+// with release semantics, after the caller's barrier (every atomic add of the block before it).
 __device__ __forceinline__ unsigned load_turn(const unsigned* sem) {
   unsigned v = 0;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -96,8 +97,10 @@ __device__ __forceinline__ void wait_turn(const unsigned* sem, unsigned turn, un
     __nanosleep(32);
     seen = load_turn(sem);
   }
+  fence_proxy_async_global();
 }
 __device__ __forceinline__ void release_turn(unsigned* sem) {
+  fence_proxy_async_global();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
 #endif
@@ -358,16 +361,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         if (tid == 0 && it > 0 && Order::opens_query_block(ih)) {
           unsigned* prev = dq_sem(qb_lo + Order::previous_query_block(iq));
           bulk_wait<0>();
-          if (prev != nullptr) {
-            fence_proxy_async_global();
-            release_turn(prev);
-          }
+          if (prev != nullptr) release_turn(prev);
         }
         // This block's turn in the query block's order, before its adds.
-        if (waits && sem != nullptr) {
+        if (waits && sem != nullptr)
           wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb_lo + iq)), seen);
-          fence_proxy_async_global();  // the TMA reduce-adds after the acquire
-        }
         __syncwarp();
       }
       wgmma_wait<1>();  // dV, dQ (dK still running)
@@ -417,10 +415,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     if (iters > 0) {  // the last query block's turn, after every thread's atomics and the reduce-adds
       __syncthreads();
       unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
-      if (tid == 0 && last != nullptr) {
-        fence_proxy_async_global();
-        release_turn(last);
-      }
+      if (tid == 0 && last != nullptr) release_turn(last);
     }
   }
   cp_async_wait<0>();
