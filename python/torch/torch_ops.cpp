@@ -144,11 +144,8 @@ struct Views {
 // Every tensor of a call lives on q's device (the library tells host from device memory, not one GPU from another).
 void same_device(const Device& q, const OptTensor& t, const char* name) {
   if (!t.has_value()) return;
-  int32_t type = 0, index = 0;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t->get(), &type));
-  const bool cuda = type == aoti_torch_device_type_cuda();
-  if (cuda) STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t->get(), &index));
-  if (cuda != q.cuda || (q.cuda && index != q.index)) fail(std::string(name) + ": must be on the device of q");
+  const Device d(*t);
+  if (d.cuda != q.cuda || (q.cuda && d.index != q.index)) fail(std::string(name) + ": must be on the device of q");
 }
 
 int32_t torch_dtype(const Tensor& t) {

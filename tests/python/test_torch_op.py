@@ -289,7 +289,6 @@ def test_opcheck(device, case):
     torch.library.opcheck(torch.ops.sinkattn.bwd.default, bwd_args)
 
 
-
 def test_autograd_kernel_route():
     """The compiled autograd kernel of fwd is used exactly when it was built for this PyTorch (and not forced off);
     otherwise the formula is registered from Python. Either way the dispatcher has an Autograd kernel for fwd, from
@@ -310,6 +309,7 @@ def test_autograd_kernel_route():
     assert out.grad_fn is None and not out.requires_grad
     out = torch.ops.sinkattn.fwd(*_fwd_args(q, k, v, sinks.clone().requires_grad_(True)))[0]
     assert out.requires_grad and out.grad_fn is not None
+
 
 # ---- torch.compile ----
 class TinyAttention(torch.nn.Module):
