@@ -17,9 +17,13 @@ machine shifts all rows alike) of:
                       says which
   custom_op + ctypes  the other binding route, for the record: a torch.library.custom_op in Python whose body fills
                       sinkattn_params_t through ctypes and makes the same C ABI call (forward only, no fake kernel)
+  floor op ...        with --floor: torch.ops.sinkattn_floor.fwd / bwd (bench/torch_dispatch_floor.cpp, compiled at start
+                      against this PyTorch): operators of the same schemas on PyTorch's C++ API whose kernels only
+                      allocate the outputs: what PyTorch charges such an operator before any work
 The op's overhead is  op - (C ABI - 2 x ctypes no-op)  (the C ABI line pays two ctypes calls), from the medians and
 from the minima.
-Usage: bench_torch_overhead.py [--device cpu|cuda] [--iters N] [--threads N (CPU backend threads, default torch's)]"""
+Usage: bench_torch_overhead.py [--device cpu|cuda] [--iters N] [--threads N (CPU backend threads, default torch's)]
+                               [--floor]"""
 import argparse
 import os
 import statistics
@@ -55,11 +59,24 @@ def timed_rows(rows, iters, batches=20, warmup=200):
     return {name: (statistics.median(v), min(v)) for name, v in per.items()}
 
 
+def load_floor(dev):
+    """Compiles and loads bench/torch_dispatch_floor.cpp against this PyTorch (torch.utils.cpp_extension)."""
+    from torch.utils import cpp_extension
+    cuda = dev == "cuda"
+    build = os.environ.get("SINKATTN_FLOOR_BUILD", "/tmp/sinkattn_dispatch_floor")
+    os.makedirs(build, exist_ok=True)
+    cpp_extension.load(name="sinkattn_dispatch_floor",
+                       sources=[os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_dispatch_floor.cpp")],
+                       extra_cflags=["-O2"] + (["-DSINKATTN_FLOOR_CUDA"] if cuda else []), with_cuda=cuda,
+                       is_python_module=False, build_directory=build, verbose=False)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--iters", type=int, default=5000)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--floor", action="store_true", help="also time bench/torch_dispatch_floor.cpp's operators")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -120,6 +137,10 @@ def main():
         ("  op backward backend kernel only", lambda: bwd_handle.redispatch_boxed(backend_keys, *bwd_args), n),
         ("flash_attn_func fwd+bwd (autograd)", fb, n // 4),
     ]
+    if a.floor:
+        load_floor(dev)
+        rows += [("floor op forward (no work)", lambda: torch.ops.sinkattn_floor.fwd(*fwd_args), n),
+                 ("floor op backward (no work)", lambda: torch.ops.sinkattn_floor.bwd(*bwd_args), n)]
     t = timed_rows(rows, n)
     print(f"torch {torch.__version__}, device {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}), "
           f"{torch.get_num_threads()} threads, {n} calls per row, autograd kernel: {getattr(_ops, 'AUTOGRAD', None) or 'python'}; host time per "
@@ -134,6 +155,10 @@ def main():
             print(f"  op {pas} overhead over the C ABI call ({stat}): {over:6.2f} us (limit 15)")
         api = t["flash_attn_func (no grad)"][i] - (t["C ABI forward"][i] - 2 * noop)
         print(f"  flash_attn_func (no grad) over the C ABI forward ({stat}): {api:6.2f} us")
+        if a.floor:
+            for pas in ("forward", "backward"):
+                print(f"  op {pas} above the floor op ({stat}): {t[f'op {pas}'][i] - t[f'floor op {pas} (no work)'][i]:6.2f}"
+                      " us")
     del keep_f, keep_b
 
 

@@ -50,7 +50,9 @@ if has bench; then
 fi
 if has overhead; then
   # the autograd kernel in use (compiled when the package was built against this torch), then the Python one
-  { timeout 120 $PY bench/bench_torch_overhead.py --device cuda; timeout 120 $PY bench/bench_torch_overhead.py --device cpu
+  # (--floor: the same schemas on PyTorch's C++ API with kernels that only allocate, bench/torch_dispatch_floor.cpp)
+  { timeout 180 $PY bench/bench_torch_overhead.py --device cuda --floor
+    timeout 180 $PY bench/bench_torch_overhead.py --device cpu --floor
     SINKATTN_TORCH_AUTOGRAD=python timeout 120 $PY bench/bench_torch_overhead.py --device cuda; } \
     >"$OUT/torch_overhead.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1

@@ -107,18 +107,18 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
     const bool need_mask = !mk.tile_all_visible(m0, BM, j0, BN);
     make_logits<T, NT, false>(s, p, mk, need_mask, n, h, row_w, j0, lane);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt) {
+      float f[4] = {1.f, 1.f, 1.f, 1.f};
+      if (p.dropout) dp.factors<false>(row_w, j0 + nt * 8, p.s_kv, lane, f);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const float pr = fast_exp2(s[nt][e] - lse2[r]);  // P_ij (0 when masked or the row is empty)
         float dpij = dpv[nt][e];
-        if (p.dropout && pr != 0.f) {
-          const int i = row_w + g + 8 * r, j = j0 + nt * 8 + 2 * t + (e & 1);
-          dpij *= dp.factor(i, j, p.s_kv);
-        }
+        if (p.dropout && pr != 0.f) dpij *= f[e];
         s[nt][e] = pr != 0.f ? pr * (dpij - dpr[r]) : 0.f;  // dS_ij
       }
+    }
     if (p.ws_dbias) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -232,16 +232,18 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
       if (!fold) make_logits<T, NT, true, kExtra>(s, p, mk, need_mask, n, h, key_w, i0, lane);
       const float sc = fold ? p.scale_log2 : 1.f;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt) {
+        float keep[4] = {1.f, 1.f, 1.f, 1.f};
+        if (kExtra && p.dropout) dp.factors<true>(key_w, i0 + nt * 8, p.s_kv, lane, keep);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = nt * 8 + 2 * t + (e & 1);  // query row within the block
           const float pr = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c]));
-          float f = 1.f;
-          if (kExtra && p.dropout && pr != 0.f) f = dp.factor(i0 + c, key_w + g + 8 * (e >> 1), p.s_kv);
+          const float f = kExtra && p.dropout && pr != 0.f ? keep[e] : 1.f;
           s[nt][e] = pr != 0.f ? pr * (dpv[nt][e] * f - d_cur[c]) : 0.f;  // dS^T
           dpv[nt][e] = pr * f;                                              // (P * keep / (1 - p))^T
         }
+      }
       if (p.ws_dq) {  // stage dS^T (rounded to T, as for the dK product) for dQ += dS K
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {

@@ -2,6 +2,9 @@
 // CPU backend calls, so both compute the same bits):
 //   idx = ((n * h_q + h) * max_s_q + i) * max_s_kv + j,  keep = Philox4x32_10(idx / 4, offset; seed)[idx % 4] >= threshold
 // Survivors are scaled by 1 / (1 - p); the sink is never dropped.
+// One Philox block gives the keep words of 4 consecutive keys of one query; `factors` spreads each block over the
+// lanes whose fragment elements use it (one block per thread and 8-key slice, where one per element cost the bias /
+// dropout kernels most of their time), `factor` is the one-element form.
 #pragma once
 
 #include "core/philox.hpp"
@@ -28,10 +31,64 @@ struct Dropout {
     rscale = p.dropout_rscale;
   }
 
+  __device__ __forceinline__ uint64_t index(int i, int j, int s_kv) const {
+    return (row_base + static_cast<uint64_t>(i)) * static_cast<uint64_t>(s_kv) + static_cast<uint64_t>(j);
+  }
+  __device__ __forceinline__ float scaled(uint32_t word) const { return word >= threshold ? rscale : 0.f; }
+
   // keep_ij / (1 - p): 0 when dropped.
   __device__ __forceinline__ float factor(int i, int j, int s_kv) const {
-    const uint64_t idx = (row_base + static_cast<uint64_t>(i)) * static_cast<uint64_t>(s_kv) + static_cast<uint64_t>(j);
-    return sinkattn::dropout_keep(seed, offset, idx, threshold) ? rscale : 0.f;
+    return sinkattn::dropout_keep(seed, offset, index(i, j, s_kv), threshold) ? rscale : 0.f;
+  }
+
+  // keep / (1 - p) of the four elements f[e] a thread holds of one 8-column slice of a warp's 16-row mma fragment
+  // (scores.cuh's layout: element e at row r0 + g + 8 (e >> 1), column c0 + 2t + (e & 1), g = lane / 4,
+  // t = lane % 4). kKeysAreRows = false: rows are queries i, columns keys j (forward, dq kernel); true: rows are keys,
+  // columns queries (dK dV kernel). The key axis' origin (c0, resp. r0) is a multiple of 4, so with s_kv % 4 == 0
+  // every Philox block (4 consecutive keys of one query) lies within one slice:
+  //   keys are columns: lanes t, t ^ 1 share the blocks of rows g and g + 8; each computes one, a shuffle swaps
+  //                     the halves the other needs;
+  //   keys are rows:    lanes with the same t and g / 4 (k = g % 4 apart) share four blocks (queries 2t, 2t + 1 x key
+  //                     groups g / 4, g / 4 + 2); lane k computes block e = k, three shuffle rounds deliver word k
+  //                     of the others.
+  // Otherwise (s_kv % 4 != 0: a block may straddle two rows) each element takes its own block. Warp-synchronous:
+  // every lane of the warp calls it with the same r0, c0.
+  template <bool kKeysAreRows>
+  __device__ __forceinline__ void factors(int r0, int c0, int s_kv, int lane, float (&f)[4]) const {
+    const int g = lane >> 2, t = lane & 3;
+    if (s_kv % 4 != 0) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + g + 8 * (e >> 1), c = c0 + 2 * t + (e & 1);
+        f[e] = kKeysAreRows ? factor(c, r, s_kv) : factor(r, c, s_kv);
+      }
+      return;
+    }
+    if constexpr (!kKeysAreRows) {
+      const bool odd = t & 1;  // odd: computes row g + 8's block, needs words 2, 3 (columns 2t % 4 == 2)
+      const Philox4 b = dropout_block(seed, offset, index(r0 + g + (odd ? 8 : 0), c0 + 4 * (t >> 1), s_kv));
+      const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? b.w[0] : b.w[2], 1);
+      const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? b.w[1] : b.w[3], 1);
+      f[0] = scaled(odd ? got0 : b.w[0]);
+      f[1] = scaled(odd ? got1 : b.w[1]);
+      f[2] = scaled(odd ? b.w[2] : got0);
+      f[3] = scaled(odd ? b.w[3] : got1);
+    } else {
+      const int k = g & 3;  // this lane's word in every block of its group, and the element whose block it computes
+      const Philox4 b = dropout_block(seed, offset, index(c0 + 2 * t + (k & 1), r0 + 4 * (g >> 2) + 8 * (k >> 1), s_kv));
+      auto word = [&](int w) { return w == 0 ? b.w[0] : w == 1 ? b.w[1] : w == 2 ? b.w[2] : b.w[3]; };
+      // got[r]: word k of block e = (k + r) % 4, from the lane computing it; that lane sends word (its k - r) % 4
+      uint32_t got[4];
+      got[0] = word(k);
+#pragma unroll
+      for (int r = 1; r < 4; ++r)
+        got[r] = __shfl_sync(0xffffffffu, word((k - r) & 3), (lane & ~12) | (((k + r) & 3) << 2));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = (e - k) & 3;
+        f[e] = scaled(r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3]);
+      }
+    }
   }
 };
 

@@ -116,16 +116,15 @@ __global__ void __launch_bounds__(FwdTraits<HD>::kThreads, kMinB) fwd_kernel(con
     }
     if (kExtra && p.dropout) {
       const Dropout dp(p, n, h);
-      const int g = lane >> 2, t = lane & 3;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt) {
+          float f[4];
+          dp.factors<false>(row_w + mt * 16, j0 + nt * 8, p.s_kv, lane, f);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = row_w + mt * 16 + g + ((e & 2) ? 8 : 0), j = j0 + nt * 8 + 2 * t + (e & 1);
-            if (s[mt][nt][e] != 0.f) s[mt][nt][e] *= dp.factor(i, j, p.s_kv);
-          }
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= f[e];
+        }
     }
     gemm_pb_m<T, MT, NT, NO, LD>(acc, s, sV + buf * BN * LD, lane);
   }

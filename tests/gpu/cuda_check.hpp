@@ -1,5 +1,5 @@
 // CUDA runtime error check for the GPU test and benchmark programs (gpu_suite.cpp, gpu_bench.cpp,
-// gpu_determinism.cpp, gpu_decode.cpp, gpu_bench_decode.cu): prints the error and the call, exits with status 2.
+// gpu_determinism.cpp, gpu_decode.cpp, gpu_bench_decode.cu, gpu_bench_philox.cu): prints the error and the call, exits with status 2.
 // CK(expr) is the short name.
 #pragma once
 

@@ -3,6 +3,12 @@
 // warm-up, inputs rotated over several sets so they are not all in L2. FLOPs (NOTES-kernels.md):
 // forward 4 * b * h_q * d * (visible pairs), backward 2.5x that. "det" columns: the deterministic backward
 // (deterministic = 1) and its speed relative to the default one (bwd ms / bwd det ms; issue 12's target >= 0.85).
+// Beyond the three layers (issue 12's target table), rows selected by name only (`all` runs every row):
+//   "+bias"     a post-scale bias [1, 1, s, s] bf16 (one matrix shared by the batch and the heads, as a relative
+//               position bias) with its gradient d_bias (summed over b and h_q); "x plain" = the plain row's
+//               time / this row's, forward / backward (issue 12's target >= 0.75)
+//   "+dropout"  dropout_p 0.1 (the forward writes rng_state, the backward regenerates the keep mask)
+//   "hd256", "-16k"  head dim 256 (h 16), and one sequence of 16384 tokens (b 1) of the GPT-OSS full and MHA layers
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +28,9 @@ struct Shape {
   int b, s, h_q, h_kv, d;
   int64_t window_left;
   bool sinks;
+  bool bias = false;
+  double dropout_p = 0.0;
+  bool extra = false;  // not in the default run: selected by a name substring (or `all`)
 };
 
 sinkattn_tensor_t t4(void* p, sinkattn_dtype_t dt, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -29,15 +38,22 @@ sinkattn_tensor_t t4(void* p, sinkattn_dtype_t dt, int64_t a, int64_t b, int64_t
   return sinkattn_make_tensor(p, dt, 4, shape, nullptr);
 }
 
+// A device buffer of `elems` random bf16 (N(0, 1)) values: a window, at a random offset, of one pool of values drawn
+// once (drawing every buffer's values afresh took most of a run at s = 16384).
 void* dalloc_random(size_t elems, std::mt19937& rng) {
+  static const std::vector<uint16_t> pool = [&] {
+    std::vector<uint16_t> h(size_t(1) << 24);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : h) {
+      float f = nd(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return h;
+  }();
   std::vector<uint16_t> h(elems);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : h) {
-    float f = nd(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
+  for (size_t i = 0, at = rng() % pool.size(); i < elems; ++i, at = at + 1 == pool.size() ? 0 : at + 1) h[i] = pool[at];
   void* p;
   CK(cudaMalloc(&p, elems * 2));
   CK(cudaMemcpy(p, h.data(), elems * 2, cudaMemcpyHostToDevice));
@@ -46,20 +62,36 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Usage: sinkattn_gpu_bench [reps] [shape-substring] (e.g. `1 mha` to profile one shape's kernels with ncu).
+  // Usage: sinkattn_gpu_bench [reps] [shape-substring] (e.g. `1 mha` to profile one shape's kernels with ncu;
+  // `all`: every row, the extra ones included).
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::string only = argc > 2 ? argv[2] : "";
   const Shape shapes[] = {{"gpt-oss-full", 2, 4096, 64, 8, 64, -1, true},
                           {"gpt-oss-sliding", 2, 4096, 64, 8, 64, 127, true},
-                          {"mha-d128", 2, 4096, 32, 32, 128, -1, false}};
+                          {"mha-d128", 2, 4096, 32, 32, 128, -1, false},
+                          {"gpt-oss-full+bias", 2, 4096, 64, 8, 64, -1, true, true, 0.0, true},
+                          {"gpt-oss-full+dropout", 2, 4096, 64, 8, 64, -1, true, false, 0.1, true},
+                          {"mha-d128+bias", 2, 4096, 32, 32, 128, -1, false, true, 0.0, true},
+                          {"mha-d128+dropout", 2, 4096, 32, 32, 128, -1, false, false, 0.1, true},
+                          {"hd256", 2, 4096, 16, 16, 256, -1, false, false, 0.0, true},
+                          {"gpt-oss-full-16k", 1, 16384, 64, 8, 64, -1, true, false, 0.0, true},
+                          {"mha-d128-16k", 1, 16384, 32, 32, 128, -1, false, false, 0.0, true}};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);
-  std::printf("%-16s %10s %10s %10s %10s %10s %12s %8s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
-              "f+b ms", "bwd det ms", "det x");
+  std::printf("%-20s %10s %10s %10s %10s %10s %12s %8s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
+              "f+b ms", "bwd det ms", "det x", "x plain");
   std::mt19937 rng(1);
+  struct Plain {
+    std::string name;
+    float fwd, bwd;
+  };
+  std::vector<Plain> plain;  // the times of the rows without bias / dropout
   for (const Shape& sh : shapes) {
-    if (std::string(sh.name).find(only) == std::string::npos) continue;
+    const std::string name = sh.name;
+    if (only == "all" ? false : sh.extra ? (only.empty() || name.find(only) == std::string::npos)
+                                         : name.find(only) == std::string::npos)
+      continue;
     const int kSets = 3;
     const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;
     std::vector<void*> q(kSets), k(kSets), v(kSets), dout(kSets);
@@ -69,7 +101,7 @@ int main(int argc, char** argv) {
       v[i] = dalloc_random(nk, rng);
       dout[i] = dalloc_random(nq, rng);
     }
-    void *out, *dq, *dk, *dv, *lse, *sinks, *dsinks;
+    void *out, *dq, *dk, *dv, *lse, *sinks, *dsinks, *bias = nullptr, *dbias = nullptr, *rng_state = nullptr;
     CK(cudaMalloc(&out, nq * 2));
     CK(cudaMalloc(&dq, nq * 2));
     CK(cudaMalloc(&dk, nk * 2));
@@ -93,6 +125,19 @@ int main(int argc, char** argv) {
       p.sinks = sinkattn_make_tensor(sinks, SINKATTN_F32, 1, hshape, nullptr);
       p.d_sinks = sinkattn_make_tensor(dsinks, SINKATTN_F32, 1, hshape, nullptr);
     }
+    if (sh.bias) {
+      bias = dalloc_random(size_t(sh.s) * sh.s, rng);
+      CK(cudaMalloc(&dbias, size_t(sh.s) * sh.s * 2));
+      p.bias = t4(bias, SINKATTN_BF16, 1, 1, sh.s, sh.s);
+      p.d_bias = t4(dbias, SINKATTN_BF16, 1, 1, sh.s, sh.s);
+    }
+    if (sh.dropout_p > 0) {
+      const int64_t rshape[1] = {2};
+      CK(cudaMalloc(&rng_state, 16));
+      p.dropout_p = sh.dropout_p;
+      p.seed = 1234;
+      p.rng_state = sinkattn_make_tensor(rng_state, SINKATTN_I64, 1, rshape, nullptr);
+    }
     p.window_right = 0;
     p.window_left = sh.window_left;
     p.backend = SINKATTN_BACKEND_CUDA;
@@ -109,6 +154,7 @@ int main(int argc, char** argv) {
     p.deterministic = 0;
     if (!det_ok || sinkattn_forward_workspace_size(&p, &wsf) || sinkattn_backward_workspace_size(&p, &wsb)) {
       std::printf("%s: %s\n", sh.name, sinkattn_last_error());
+      for (void* x : {bias, dbias, rng_state}) cudaFree(x);
       continue;
     }
     void* ws = nullptr;
@@ -146,15 +192,24 @@ int main(int argc, char** argv) {
     p.deterministic = 1;  // the atomic-free backward, for comparison
     const float bd = time_it(true);
     p.deterministic = 0;
-    std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %10.3f %12.3f %8.3f\n", sh.name, f, fwd_flop / f * 1e-9, b,
-                2.5 * fwd_flop / b * 1e-9, f + b, bd, b / bd);
+    // "x plain": against the row of the same layer without bias / dropout measured earlier in this run
+    char plain_col[32] = "-";
+    if (sh.bias || sh.dropout_p > 0) {
+      const std::string layer = name.substr(0, name.find('+'));
+      for (const Plain& pl : plain)
+        if (pl.name == layer) std::snprintf(plain_col, sizeof plain_col, "%.2f/%.2f", pl.fwd / f, pl.bwd / b);
+    } else {
+      plain.push_back({name, f, b});
+    }
+    std::printf("%-20s %10.3f %10.1f %10.3f %10.1f %10.3f %12.3f %8.3f %10s\n", sh.name, f, fwd_flop / f * 1e-9, b,
+                2.5 * fwd_flop / b * 1e-9, f + b, bd, b / bd, plain_col);
     for (int i = 0; i < kSets; ++i) {
       cudaFree(q[i]);
       cudaFree(k[i]);
       cudaFree(v[i]);
       cudaFree(dout[i]);
     }
-    for (void* x : {out, dq, dk, dv, lse, sinks, dsinks, ws}) cudaFree(x);
+    for (void* x : {out, dq, dk, dv, lse, sinks, dsinks, ws, bias, dbias, rng_state}) cudaFree(x);
   }
   return 0;
 }
