@@ -195,7 +195,7 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV"));
 }
 
-TEST(CudaDispatch, BiasAndDropoutTakeTheSm80Variants) {
+TEST(CudaDispatch, BiasTakesTheSm80VariantsDropoutTheHopperBackward) {
   Call c = make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1, true);
   c.plan.bias = Use::kRequired;
   KernelChoice k = choose_kernels(c, kH200, Switches{});
@@ -204,14 +204,27 @@ TEST(CudaDispatch, BiasAndDropoutTakeTheSm80Variants) {
   EXPECT_EQ(k.dq, DqPath::kDqKernel);  // the dq kernel writes dS for d_bias
   EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "no bias"));
+  c.plan.dropout = true;  // bias and dropout: the sm_80 variants
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kSm80Extra);
   c.plan.bias = Use::kAbsent;
-  c.plan.dropout = true;
+  // Dropout alone on Hopper: the sm_80 forward's dropout variant (measured faster than a Hopper one), the Hopper
+  // dK dV kernel's dropout variant; dq fused (atomics, or the fixed order when deterministic).
   k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
-  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);  // dropout alone: dq fused into the sm_80 dK dV kernel
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout"));
+  EXPECT_TRUE(k.dropout);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout)"));
+  Call cd = c;
+  cd.deterministic = true;
+  EXPECT_EQ(choose_kernels(cd, kH200, Switches{}).dq, DqPath::kFusedOrdered);
+  // Off Hopper: the sm_80 variants; dq fused into the sm_80 dK dV kernel, the dq kernel when deterministic.
+  k = choose_kernels(c, kA100, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
-  c.deterministic = true;
-  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).dq, DqPath::kDqKernel);
+  EXPECT_EQ(choose_kernels(cd, kA100, Switches{}).dq, DqPath::kDqKernel);
   // Without either: the lean sm_80 forward at head dim 128 takes 64 keys per step.
   const KernelChoice lean = choose_kernels(make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1), kA100, Switches{});
   EXPECT_EQ(lean.fwd, FwdKernel::kSm80);

@@ -69,9 +69,12 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   std::string no90 = hopper_unavailable(dev, sw);
   if (no90.empty() && !tiles::has_sm90(k.tile))
     no90 = "no Hopper kernel for head-dim tile " + std::to_string(k.tile) + " (tiles 64 and 128)";
-  if (no90.empty() && extra)
-    no90 = std::string("the Hopper kernels have no ") +
-           (bias && dropout ? "bias or dropout" : bias ? "bias" : "dropout");
+  if (no90.empty() && bias) no90 = "the Hopper kernels have no bias";
+  // Dropout: the backward's Hopper dK dV kernel has a dropout variant (kDropout); the forward stays on the sm_80
+  // variant (measured faster, bench/RESULTS.md 2026-12-01 fourth session: a dropout variant of the warp-specialised
+  // forward took 3.32 ms at GPT-OSS full against 3.07, 1.98 against 1.90 at MHA d128: the keep bits' integer work
+  // (Philox, 10 dependent rounds per 4 keys) is what both spend their time on).
+  k.dropout = dropout;
 
   // ---- forward ----
   // Decode kernels (decode/decode_rules.hpp): short query chunks, contiguous or paged KV.
@@ -87,6 +90,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
+  } else if (no90.empty() && dropout) {
+    k.fwd_why = "dropout: the sm_80 forward's dropout variant (measured faster than a Hopper one, bench/RESULTS.md)";
   } else if (no90.empty() && c.window_left >= 0 && c.window_right >= 0 && !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
     const int64_t keys = tiles::fwd_sm90_block_m(k.tile) + c.window_left + c.window_right;
     if (keys < tiles::kSm90FwdMinWindowKeys)
@@ -170,7 +175,7 @@ std::string KernelChoice::summary(Pass pass) const {
   }
   if (dq == DqPath::kDqKernel) s = "sm80 dq kernel, tile " + tile_str(dq_block_m, dq_block_n) + " + ";
   switch (dkdv) {
-    case DkvKernel::kSm90: s += "hopper dK dV (wgmma)"; break;
+    case DkvKernel::kSm90: s += dropout ? "hopper dK dV (wgmma, dropout)" : "hopper dK dV (wgmma)"; break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
     case DkvKernel::kSm80Extra: s += "sm80 dK dV (mma.sync, bias / dropout variant)"; break;
   }
@@ -195,8 +200,8 @@ std::string KernelChoice::summary(Pass pass) const {
 std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
          ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
-         "library carries sm_90a code, for tiles 64 and 128 without bias or dropout (forward: not for windows "
-         "spanning fewer than " +
+         "library carries sm_90a code, for tiles 64 and 128 without bias (dropout: the dK dV kernel only, the sm_80 "
+         "dropout forward measured faster; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "

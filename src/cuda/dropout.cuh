@@ -34,7 +34,6 @@ struct Dropout {
   __device__ __forceinline__ uint64_t index(int i, int j, int s_kv) const {
     return (row_base + static_cast<uint64_t>(i)) * static_cast<uint64_t>(s_kv) + static_cast<uint64_t>(j);
   }
-  __device__ __forceinline__ float scaled(uint32_t word) const { return word >= threshold ? rscale : 0.f; }
 
   // keep_ij / (1 - p): 0 when dropped.
   __device__ __forceinline__ float factor(int i, int j, int s_kv) const {
@@ -55,24 +54,48 @@ struct Dropout {
   // every lane of the warp calls it with the same r0, c0.
   template <bool kKeysAreRows>
   __device__ __forceinline__ void factors(int r0, int c0, int s_kv, int lane, float (&f)[4]) const {
+    const uint32_t k = keep4<kKeysAreRows>(r0, c0, s_kv, lane);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = (k >> e) & 1u ? rscale : 0.f;
+  }
+
+  // The keep bits of a thread's whole fragment of NT slices (bit 4 nt + e: element (nt, e) of scores.cuh's layout,
+  // columns starting at c0 + 8 nt), for kernels that keep the undropped P beside the dropped one (Hopper: P for
+  // the normaliser or dS, P * keep / (1 - p) for the P V / dV product).
+  template <bool kKeysAreRows, int NT>
+  __device__ __forceinline__ uint64_t keep_bits(int r0, int c0, int s_kv, int lane) const {
+    static_assert(NT * 4 <= 64, "one bit per element");
+    uint64_t bits = 0;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      bits |= static_cast<uint64_t>(kKeysAreRows ? keep4<true>(r0, c0 + nt * 8, s_kv, lane)
+                                                 : keep4<false>(r0, c0 + nt * 8, s_kv, lane))
+              << (4 * nt);
+    return bits;
+  }
+
+  // The 4 keep bits (bit e) of one slice, as `factors` describes.
+  template <bool kKeysAreRows>
+  __device__ __forceinline__ uint32_t keep4(int r0, int c0, int s_kv, int lane) const {
     const int g = lane >> 2, t = lane & 3;
+    auto kept = [&](uint32_t w) { return static_cast<uint32_t>(w >= threshold); };
     if (s_kv % 4 != 0) {
+      uint32_t k = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + g + 8 * (e >> 1), c = c0 + 2 * t + (e & 1);
-        f[e] = kKeysAreRows ? factor(c, r, s_kv) : factor(r, c, s_kv);
+        const uint64_t idx = kKeysAreRows ? index(c, r, s_kv) : index(r, c, s_kv);
+        k |= static_cast<uint32_t>(sinkattn::dropout_keep(seed, offset, idx, threshold)) << e;
       }
-      return;
+      return k;
     }
     if constexpr (!kKeysAreRows) {
       const bool odd = t & 1;  // odd: computes row g + 8's block, needs words 2, 3 (columns 2t % 4 == 2)
       const Philox4 b = dropout_block(seed, offset, index(r0 + g + (odd ? 8 : 0), c0 + 4 * (t >> 1), s_kv));
       const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? b.w[0] : b.w[2], 1);
       const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? b.w[1] : b.w[3], 1);
-      f[0] = scaled(odd ? got0 : b.w[0]);
-      f[1] = scaled(odd ? got1 : b.w[1]);
-      f[2] = scaled(odd ? b.w[2] : got0);
-      f[3] = scaled(odd ? b.w[3] : got1);
+      return kept(odd ? got0 : b.w[0]) | kept(odd ? got1 : b.w[1]) << 1 | kept(odd ? b.w[2] : got0) << 2 |
+             kept(odd ? b.w[3] : got1) << 3;
     } else {
       const int k = g & 3;  // this lane's word in every block of its group, and the element whose block it computes
       const Philox4 b = dropout_block(seed, offset, index(c0 + 2 * t + (k & 1), r0 + 4 * (g >> 2) + 8 * (k >> 1), s_kv));
@@ -83,11 +106,13 @@ struct Dropout {
 #pragma unroll
       for (int r = 1; r < 4; ++r)
         got[r] = __shfl_sync(0xffffffffu, word((k - r) & 3), (lane & ~12) | (((k + r) & 3) << 2));
+      uint32_t bits = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = (e - k) & 3;
-        f[e] = scaled(r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3]);
+        bits |= kept(r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3]) << e;
       }
+      return bits;
     }
   }
 };

@@ -213,8 +213,11 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
         if (p.ws_dq == nullptr || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
           return cudaErrorInvalidValue;
-        const auto kernel = kc.dq == DqPath::kFusedOrdered ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
-                                                           : sm90::bwd_dkdv_sm90_kernel<T, HD, false>;
+        const bool det = kc.dq == DqPath::kFusedOrdered;
+        const auto kernel = kc.dropout ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true>
+                                              : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>)
+                                       : (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
+                                              : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
         cudaError_t e = prepare_smem(kernel, Tr90::kSmem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};

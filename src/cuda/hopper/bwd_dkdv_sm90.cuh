@@ -1,6 +1,6 @@
 // CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a),
-// for head-dim tiles 64 and 128, fp16 / bf16, without bias or dropout, with dQ fused: fp32 reductions into p.ws_dq,
-// in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of the
+// for head-dim tiles 64 and 128, fp16 / bf16, without bias (dropout: kDropout), with dQ fused: fp32 reductions into
+// p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of the
 // key blocks under per-query-block semaphores (kDet = true, deterministic = 1; dq_order.hpp has the order, why the
 // sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
@@ -43,6 +43,7 @@
 #include <cuda.h>
 
 #include "cuda/bwd_rows.cuh"
+#include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/dq_order.hpp"
@@ -106,7 +107,9 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 #endif
 }
 
-template <typename T, int HD, bool kDet>
+// kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
+// - D), with the keep bits of dropout.cuh (Dropout::keep_bits, rows = keys) drawn while the S^T / dP^T wgmmas run.
+template <typename T, int HD, bool kDet, bool kDropout = false>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD>;
@@ -280,6 +283,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       for (int kk = 0; kk < HD / 16; ++kk)
         Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor_sw<BN>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
       wgmma_commit();
+      uint64_t keep = 0;  // kDropout: bit 4 nt + e keeps element (nt, e)
+      if constexpr (kDropout) keep = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
       wgmma_wait<1>();  // S^T
       fence_acc(s);
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
@@ -292,7 +297,16 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[nt * 8 + 2 * t + (e & 1)]));
       // dV += P^T dO: A = P^T from registers (k-step kc = queries 16 kc .. 16 kc + 15), B = dO read MN-major.
       uint32_t ap[BM / 16][4];
-      pack_a_frags<T>(s, ap);
+      if constexpr (kDropout) {
+        float sd[NT][4];  // P^T * keep / (1 - p)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sd[nt][e] = (keep >> (4 * nt + e)) & 1u ? s[nt][e] * p.dropout_rscale : 0.f;
+        pack_a_frags<T>(sd, ap);
+      } else {
+        pack_a_frags<T>(s, ap);
+      }
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc)
@@ -303,9 +317,11 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T - D)
+        for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T [* keep / (1 - p)] - D)
           const float pr = s[nt][e];
-          dpv[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
+          float dp = dpv[nt][e];
+          if constexpr (kDropout) dp = (keep >> (4 * nt + e)) & 1u ? dp * p.dropout_rscale : 0.f;
+          dpv[nt][e] = pr != 0.f ? pr * (dp - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
         }
       // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
 #pragma unroll
