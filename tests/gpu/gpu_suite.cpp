@@ -617,9 +617,11 @@ void judge_spec5(Ctx& ctx, const std::string& who, const ref::Result& act, const
     if (record) ctx.ratio(row.name, row.err / row.tolerance);
     if (!row.pass && g_verbose && rr && xx && rr->data.size() == xx->data.size()) {
       // Where the error is: the worst element's coordinates (row-major over the reference's shape) and values.
+      // A NaN reference marks an element no sequence owns (reference.hpp): not compared, so not the worst.
       size_t worst = 0;
       double wd = -1;
       for (size_t i = 0; i < rr->data.size(); ++i) {
+        if (std::isnan(rr->data[i])) continue;
         const double d = std::fabs(xx->data[i] - rr->data[i]);
         if (d > wd || std::isnan(d)) {
           wd = d;
@@ -636,6 +638,20 @@ void judge_spec5(Ctx& ctx, const std::string& who, const ref::Result& act, const
       std::snprintf(buf, sizeof buf, "  worst %s element [%s]: %s %.6g, fp64 %.6g", row.name.c_str(), coord.c_str(),
                     who.c_str(), xx->data[worst], rr->data[worst]);
       ctx.notes.push_back(buf);
+      const ref::Array* pl = field_of(refs.lowp, row.name);
+      if (dtype == SINKATTN_F32 && pl && pl->data.size() == rr->data.size()) {
+        // How far a plain fp32 evaluation of the same formulas is (over the positions both define): an fp32
+        // backend near it meets the precision's limit on this input, not SPEC 5's fixed bound.
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < rr->data.size(); ++i) {
+          if (!std::isfinite(rr->data[i]) || !std::isfinite(pl->data[i])) continue;
+          md = std::max(md, std::fabs(pl->data[i] - rr->data[i]));
+          mr = std::max(mr, std::fabs(rr->data[i]));
+        }
+        std::snprintf(buf, sizeof buf, "  %s of a plain fp32 evaluation (the reference in fp32): err %.3g",
+                      row.name.c_str(), md / std::max(mr, 1e-6));
+        ctx.notes.push_back(buf);
+      }
     }
   }
 }
@@ -646,7 +662,12 @@ ref::References reference_results(Problem& P, bool grad, const Bytes& given_out)
   const Config& c = P.cfg;
   sinkattn_params_t rp = make_params(P, false, grad);
   rp.out = P.out.view_of(given_out);
-  ref::References refs = ref::references(rp, grad, grad ? ref::DFrom::kGivenOut : ref::DFrom::kOwnOut);
+  const ref::DFrom d_from = grad ? ref::DFrom::kGivenOut : ref::DFrom::kOwnOut;
+  ref::References refs = ref::references(rp, grad, d_from);
+  // -v, fp32: also the plain fp32 evaluation (judge_spec5's notes compare a failure with it; the verdict does not
+  // read it: SPEC 5 holds fp32 to fixed bounds)
+  if (g_verbose && c.dtype == SINKATTN_F32)
+    refs.lowp = ref::evaluate(rp, grad, ref::Options{ref::Precision::kPlainLowPrecision, d_from});
   mask_lse(refs.ref64.softmax_lse, c);
   mask_lse(refs.lowp.softmax_lse, c);
   if (c.mode == 1) {  // padding rows: out = 0 in every result; the reference may leave them undefined
