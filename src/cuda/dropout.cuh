@@ -2,9 +2,9 @@
 // CPU backend calls, so both compute the same bits):
 //   idx = ((n * h_q + h) * max_s_q + i) * max_s_kv + j,  keep = Philox4x32_10(idx / 4, offset; seed)[idx % 4] >= threshold
 // Survivors are scaled by 1 / (1 - p); the sink is never dropped.
-// One Philox block gives the keep words of 4 consecutive keys of one query; `factors` spreads each block over the
-// lanes whose fragment elements use it (one block per thread and 8-key slice, where one per element cost the bias /
-// dropout kernels most of their time), `factor` is the one-element form.
+// One Philox block gives the keep words of 4 consecutive keys of one query; `factors` / `keep_bits` spread each block
+// over the lanes whose fragment elements use it (one block per thread and 8-key slice: one per element cost the
+// dropout kernels most of their time).
 #pragma once
 
 #include "core/philox.hpp"
@@ -35,16 +35,11 @@ struct Dropout {
     return (row_base + static_cast<uint64_t>(i)) * static_cast<uint64_t>(s_kv) + static_cast<uint64_t>(j);
   }
 
-  // keep_ij / (1 - p): 0 when dropped.
-  __device__ __forceinline__ float factor(int i, int j, int s_kv) const {
-    return sinkattn::dropout_keep(seed, offset, index(i, j, s_kv), threshold) ? rscale : 0.f;
-  }
-
-  // keep / (1 - p) of the four elements f[e] a thread holds of one 8-column slice of a warp's 16-row mma fragment
-  // (scores.cuh's layout: element e at row r0 + g + 8 (e >> 1), column c0 + 2t + (e & 1), g = lane / 4,
-  // t = lane % 4). kKeysAreRows = false: rows are queries i, columns keys j (forward, dq kernel); true: rows are keys,
-  // columns queries (dK dV kernel). The key axis' origin (c0, resp. r0) is a multiple of 4, so with s_kv % 4 == 0
-  // every Philox block (4 consecutive keys of one query) lies within one slice:
+  // keep_ij / (1 - p) (0 when dropped) of the four elements f[e] a thread holds of one 8-column slice of a warp's
+  // 16-row mma fragment (scores.cuh's layout: element e at row r0 + g + 8 (e >> 1), column c0 + 2t + (e & 1),
+  // g = lane / 4, t = lane % 4). kKeysAreRows = false: rows are queries i, columns keys j (forward, dq kernel);
+  // true: rows are keys, columns queries (dK dV kernel). The key axis' origin (c0, resp. r0) is a multiple of 4, so
+  // with s_kv % 4 == 0 every Philox block (4 consecutive keys of one query) lies within one slice:
   //   keys are columns: lanes t, t ^ 1 share the blocks of rows g and g + 8; each computes one, a shuffle swaps
   //                     the halves the other needs;
   //   keys are rows:    lanes with the same t and g / 4 (k = g % 4 apart) share four blocks (queries 2t, 2t + 1 x key
@@ -98,7 +93,8 @@ struct Dropout {
              kept(odd ? b.w[3] : got1) << 3;
     } else {
       const int k = g & 3;  // this lane's word in every block of its group, and the element whose block it computes
-      const Philox4 b = dropout_block(seed, offset, index(c0 + 2 * t + (k & 1), r0 + 4 * (g >> 2) + 8 * (k >> 1), s_kv));
+      const Philox4 b =
+          dropout_block(seed, offset, index(c0 + 2 * t + (k & 1), r0 + 4 * (g >> 2) + 8 * (k >> 1), s_kv));
       auto word = [&](int w) { return w == 0 ? b.w[0] : w == 1 ? b.w[1] : w == 2 ? b.w[2] : b.w[3]; };
       // got[r]: word k of block e = (k + r) % 4, from the lane computing it; that lane sends word (its k - r) % 4
       uint32_t got[4];

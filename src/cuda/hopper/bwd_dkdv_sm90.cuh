@@ -1,7 +1,7 @@
-// CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a),
-// for head-dim tiles 64 and 128, fp16 / bf16, without bias (dropout: kDropout), with dQ fused: fp32 reductions into
-// p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of the
-// key blocks under per-query-block semaphores (kDet = true, deterministic = 1; dq_order.hpp has the order, why the
+// CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a), for
+// head-dim tiles 64 and 128, fp16 / bf16, without bias (dropout: kDropout), with dQ fused: fp32 reductions into
+// p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of
+// the key blocks under per-query-block semaphores (kDet = true, deterministic = 1; dq_order.hpp has the order, why the
 // sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
 //   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
