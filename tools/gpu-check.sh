@@ -3,8 +3,8 @@
 # sweep: the CUDA pipeline judged by SPEC.md section 5 against the float64 reference, the CPU backend on the
 # same inputs as extra evidence; its SUMMARY line ends with the worst err / tolerance per output),
 # compute-sanitizer memcheck and racecheck on small cases, determinism (inside the suite: bitwise repeats of
-# deterministic calls), and the benchmarks (sinkattn_gpu_bench, `sinkattn bench --backend cuda` when the command
-# is built, bench/bench_torch.py), and, with "python" in STEPS, tools/gpu-python-check.sh (the Python package
+# deterministic calls), and the benchmarks (sinkattn_gpu_bench's every row, sinkattn_gpu_bench_philox, `sinkattn
+# bench --backend cuda` when the command is built, bench/bench_torch.py), and, with "python" in STEPS, tools/gpu-python-check.sh (the Python package
 # built with CUDA: pytest + example), and with "cp" in STEPS, tools/gpu-cp-check.sh (context parallelism on all
 # GPUs of the machine: the ring / all-to-all / sharding tests and bench/bench_context_parallel.py;
 # NCCL_NVLS_ENABLE=0).
@@ -51,6 +51,7 @@ BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
 DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
 DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
 DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
+PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
 if [ -x "$SUITE" ] && [ -x "$DECODE" ] && [ -x "$DECODE_BENCH" ] && ! ldd "$SUITE" | grep -q "not found"; then
   note "build: using prebuilt binaries in $BUILD_DIR"
 else
@@ -61,12 +62,13 @@ else
   DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
   DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
   DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
+  PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
   t0=$(date +%s)
   {
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
       ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode \
-        sinkattn_gpu_determinism &&
+        sinkattn_gpu_determinism sinkattn_gpu_bench_philox &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -134,7 +136,10 @@ fi
 
 if [[ " $STEPS " == *" bench "* ]]; then
   {
-    timeout 120 "$BENCH" 20
+    # every row of issue 12's table (the three layers, bias, dropout, head dim 256, s = 16384), then the RNG floor
+    # of a dropout forward
+    timeout 300 "$BENCH" 20 all
+    [ -x "$PHILOX" ] && timeout 60 "$PHILOX" 10
     if [ -x "$BUILD_DIR/cli/sinkattn" ]; then
       for preset in gpt-oss-20b llama3-8b; do
         timeout 180 "$BUILD_DIR/cli/sinkattn" bench --backend cuda --preset $preset --dtype bf16 --batch 2 --seqlen 4096 || true
