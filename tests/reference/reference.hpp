@@ -89,14 +89,15 @@ double relative_error(const Array& actual, const Array& ref, double tiny = 1e-6)
 struct ErrorRow {
   std::string name;      // "out", "softmax_lse", "dq", ...
   double err = 0;        // backend vs float64
-  double lowp_err = 0;   // plain low-precision vs float64 (0 for fp32 inputs)
+  double lowp_err = 0;   // plain low-precision vs float64 (fp32 inputs: 0, or the error of a plain fp32
+                         // evaluation passed as `lowp`, reported only: the fp32 tolerance does not read it)
   double tolerance = 0;  // fp32: 1e-5 (out, lse) / 1e-4 (grads); else 2 * lowp_err + 1e-3
   bool pass = false;
 };
 
 // Builds the error table for every output present in `actual` (outputs of the backend, read with
-// read_tensor), against `ref64` (Precision::kFloat64) and `lowp` (Precision::kPlainLowPrecision, ignored for
-// fp32 inputs). `dtype` is the input dtype of q. Positions the float64 reference leaves unspecified (NaN) are
+// read_tensor), against `ref64` (Precision::kFloat64) and `lowp` (Precision::kPlainLowPrecision; for fp32 inputs
+// usually empty, and only reported in lowp_err when given). `dtype` is the input dtype of q. Positions the float64 reference leaves unspecified (NaN) are
 // skipped in lowp_err (the low-precision evaluation leaves them unspecified too).
 std::vector<ErrorRow> error_table(const Result& actual, const Result& ref64, const Result& lowp, sinkattn_dtype_t dtype);
 inline std::vector<ErrorRow> error_table(const Result& actual, const References& refs, sinkattn_dtype_t dtype) {
