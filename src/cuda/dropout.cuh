@@ -63,9 +63,7 @@ struct Dropout {
     uint64_t bits = 0;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
-      bits |= static_cast<uint64_t>(kKeysAreRows ? keep4<true>(r0, c0 + nt * 8, s_kv, lane)
-                                                 : keep4<false>(r0, c0 + nt * 8, s_kv, lane))
-              << (4 * nt);
+      bits |= static_cast<uint64_t>(keep4<kKeysAreRows>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
     return bits;
   }
 
