@@ -89,9 +89,9 @@ int main(int argc, char** argv) {
   std::vector<Plain> plain;  // the times of the rows without bias / dropout
   for (const Shape& sh : shapes) {
     const std::string name = sh.name;
-    if (only == "all" ? false : sh.extra ? (only.empty() || name.find(only) == std::string::npos)
-                                         : name.find(only) == std::string::npos)
-      continue;
+    // `all`: every row; no argument: the three layers; else the rows whose name contains it
+    const bool selected = only == "all" || (only.empty() ? !sh.extra : name.find(only) != std::string::npos);
+    if (!selected) continue;
     const int kSets = 3;
     const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;
     std::vector<void*> q(kSets), k(kSets), v(kSets), dout(kSets);
