@@ -89,6 +89,29 @@ TEST(Reference, RelativeError) {
   EXPECT_TRUE(std::isinf(ref::relative_error(a, r)));
 }
 
+// SPEC.md section 5's table: fp16 / bf16 are bounded by 2x the plain evaluation's error + 1e-3; fp32 by fixed bounds,
+// with a plain fp32 evaluation's error (when one is given) only reported. Positions the float64 reference leaves
+// unspecified (NaN) are not part of the plain evaluation's error.
+TEST(Reference, ErrorTableTolerances) {
+  ref::Result actual, ref64, lowp;
+  for (ref::Result* r : {&actual, &ref64, &lowp}) r->dq.shape = {3};
+  ref64.dq.data = {1, -2, NAN};
+  lowp.dq.data = {1.5, -2, NAN};  // err 0.25
+  actual.dq.data = {1, -2.8, 0};  // err 0.4
+  const auto half = ref::error_table(actual, ref64, lowp, SINKATTN_F16);
+  ASSERT_EQ(half.size(), 1u);
+  EXPECT_DOUBLE_EQ(half[0].lowp_err, 0.25);
+  EXPECT_DOUBLE_EQ(half[0].tolerance, 2 * 0.25 + 1e-3);
+  EXPECT_TRUE(half[0].pass);
+  const auto f32 = ref::error_table(actual, ref64, lowp, SINKATTN_F32);
+  EXPECT_DOUBLE_EQ(f32[0].lowp_err, 0.25);
+  EXPECT_DOUBLE_EQ(f32[0].tolerance, 1e-4);  // the plain fp32 error does not widen it
+  EXPECT_FALSE(f32[0].pass);
+  const auto f32_alone = ref::error_table(actual, ref64, ref::Result{}, SINKATTN_F32);
+  EXPECT_EQ(f32_alone[0].lowp_err, 0);
+  EXPECT_DOUBLE_EQ(f32_alone[0].tolerance, 1e-4);
+}
+
 // One row, two keys, learnable sink, every value by hand.
 TEST(Reference, HandComputedRow) {
   Config c;
