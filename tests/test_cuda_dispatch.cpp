@@ -195,17 +195,57 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV"));
 }
 
-TEST(CudaDispatch, BiasTakesTheSm80VariantsDropoutTheHopperBackward) {
+TEST(CudaDispatch, BiasAndDropoutVariants) {
   Call c = make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1, true);
   c.plan.bias = Use::kRequired;
+  // Bias on Hopper: the bias variants of the warp-specialised forward (2 consumers at both tiles unless the switch asks
+  // for 3 at tile 64) and of the dK dV kernel, which writes dS for d_bias; dq fused as without a bias.
   KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_TRUE(k.bias);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 2);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "consumer warpgroups, persistent, bias)"));
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, bias; dS to the d_bias workspace)"));
+  Call cb = c;
+  cb.deterministic = true;
+  EXPECT_EQ(choose_kernels(cb, kH200, Switches{}).dq, DqPath::kFusedOrdered);
+  Call c64 = make_call(SINKATTN_BF16, 64, 1024, 8, 8, -1, 0, true);
+  c64.plan.bias = Use::kRequired;
+  k = choose_kernels(c64, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 2);  // measured faster with a bias than 3 (the bias prefetch needs the registers)
+  Switches three;
+  three.fwd_ws = 3;
+  EXPECT_EQ(choose_kernels(c64, kH200, three).fwd_consumers, 3);
+  Switches no_ws;
+  no_ws.fwd_ws = 0;
+  k = choose_kernels(c64, kH200, no_ws);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "only the warp-specialised Hopper forward has a bias variant"));
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  // Off Hopper (or at a tile without Hopper kernels): the sm_80 variants, and the dq kernel writes dS.
+  k = choose_kernels(c, kA100, Switches{});
+  EXPECT_FALSE(k.bias);
   EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
   EXPECT_EQ(k.fwd_block_n, 32);  // the bias / dropout variant keeps 32 keys at head dim 128
-  EXPECT_EQ(k.dq, DqPath::kDqKernel);  // the dq kernel writes dS for d_bias
+  EXPECT_EQ(k.dq, DqPath::kDqKernel);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "no bias"));
-  c.plan.dropout = true;  // bias and dropout: the sm_80 variants
-  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kSm80Extra);
+  Call c256 = make_call(SINKATTN_F16, 256, 1024, 8, 8, -1, -1, true);
+  c256.plan.bias = Use::kRequired;
+  k = choose_kernels(c256, kH200, Switches{});
+  EXPECT_FALSE(k.bias);
+  EXPECT_EQ(k.dq, DqPath::kDqKernel);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
+  // Bias and dropout: no Hopper variant has both.
+  c.plan.dropout = true;
+  k = choose_kernels(c, kH200, Switches{});
+  EXPECT_FALSE(k.bias);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
+  EXPECT_EQ(k.dq, DqPath::kDqKernel);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "no variant with both bias and dropout"));
   c.plan.bias = Use::kAbsent;
   // Dropout alone on Hopper: the sm_80 forward's dropout variant (measured faster than a Hopper one), the Hopper
   // dK dV kernel's dropout variant; dq fused (atomics, or the fixed order when deterministic).

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
   T* sV = sK + 2 * BN * LD;   // [2][BN][LD]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2;
   const QueryTile<BM> qt(p, scheduled_tile(p.window_right >= 0));
   const int h = qt.h, n = qt.n, m0 = qt.m0;
   const SeqInfo& sq = qt.sq;
@@ -119,16 +119,7 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
         s[nt][e] = pr != 0.f ? pr * (dpij - dpr[r]) : 0.f;  // dS_ij
       }
     }
-    if (p.ws_dbias) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_w + g + 8 * (e >> 1), j = j0 + nt * 8 + 2 * t + (e & 1);
-          if (i < sq.len_q && j < sq.len_kv)
-            p.ws_dbias[((static_cast<int64_t>(n) * p.h_q + h) * p.s_q + i) * p.s_kv + j] = s[nt][e];
-        }
-    }
+    if (p.ws_dbias) store_dbias_ws<NT, false>(p, s, n, h, row_w, j0, sq.len_q, sq.len_kv, lane);
     gemm_pb<T, NT, NO, LD>(acc, s, k_cur, lane);
   }
   cp_async_wait<0>();

@@ -14,6 +14,7 @@
 
 #include "common/sink.hpp"
 #include "cuda/common.cuh"
+#include "cuda/mask.cuh"
 #include "cuda/params.cuh"
 
 namespace sinkattn::cuda {
@@ -125,25 +126,35 @@ __global__ void dsinks_finalize_kernel(const Params p) {
   p.d_sinks[h] = static_cast<float>(s);
 }
 
+// d_bias[nb][hb][i][j] = the sum, over the batches / heads the bias broadcasts over, of dS_{n,h}[i][j] (ws_dbias),
+// each term only where (i, j) is visible in sequence n (SPEC 2; 0 elsewhere). The main kernels write dS for every
+// in-sequence element of each tile they visit and visit every tile with a visible element, so the workspace needs
+// no clearing: an element they did not write is never read. Grid: x over keys j, y over query rows i, z over the
+// (nb, hb) slices (rows and slices in grid-stride loops).
 template <typename B>
 __global__ void dbias_reduce_kernel(const Params p) {
-  const int64_t sq = p.s_q, skv = p.s_kv;
-  const int64_t total = static_cast<int64_t>(p.bias_shape_b) * p.bias_shape_h * sq * skv;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = e % skv, i = (e / skv) % sq;
-    const int hb = static_cast<int>((e / (skv * sq)) % p.bias_shape_h);
-    const int nb = static_cast<int>(e / (skv * sq * p.bias_shape_h));
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= p.s_kv) return;
+  const int slices = p.bias_shape_b * p.bias_shape_h;
+  const int64_t plane = static_cast<int64_t>(p.s_q) * p.s_kv;
+  for (int nh = blockIdx.z; nh < slices; nh += gridDim.z) {
+    const int hb = nh % p.bias_shape_h, nb = nh / p.bias_shape_h;
     const int n0 = p.bias_shape_b == 1 ? 0 : nb, n1 = p.bias_shape_b == 1 ? p.b : nb + 1;
     const int h0 = p.bias_shape_h == 1 ? 0 : hb, h1 = p.bias_shape_h == 1 ? p.h_q : hb + 1;
-    float s = 0.f;
-    for (int n = n0; n < n1; ++n)
-      for (int h = h0; h < h1; ++h) s += p.ws_dbias[((static_cast<int64_t>(n) * p.h_q + h) * sq + i) * skv + j];
-    B* dst = static_cast<B*>(p.d_bias) + nb * p.dbias_b + hb * p.dbias_h + i * p.dbias_i + j * p.dbias_j;
-    if constexpr (sizeof(B) == 4) {
-      *dst = s;
-    } else {
-      *dst = ElemTraits<B>::from_float(s);
+    for (int i = blockIdx.y; i < p.s_q; i += gridDim.y) {
+      float s = 0.f;
+      for (int n = n0; n < n1; ++n) {
+        const SeqInfo sq = seq_info(p, n);
+        if (i >= sq.len_q || !Mask(p, sq).visible(i, j)) continue;
+        const float* ws = p.ws_dbias + static_cast<int64_t>(i) * p.s_kv + j;
+        for (int h = h0; h < h1; ++h) s += ws[(static_cast<int64_t>(n) * p.h_q + h) * plane];
+      }
+      B* dst = static_cast<B*>(p.d_bias) + nb * p.dbias_b + hb * p.dbias_h + i * p.dbias_i + j * p.dbias_j;
+      if constexpr (sizeof(B) == 4) {
+        *dst = s;
+      } else {
+        *dst = ElemTraits<B>::from_float(s);
+      }
     }
   }
 }
@@ -173,13 +184,14 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
       dsinks_finalize_kernel<<<p.h_q, 32, 0, stream>>>(p);
       break;
     case kSmallDBias: {
-      const int64_t total = static_cast<int64_t>(p.bias_shape_b) * p.bias_shape_h * p.s_q * p.s_kv;
-      if (total == 0) return cudaSuccess;
-      const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
+      const int64_t slices = static_cast<int64_t>(p.bias_shape_b) * p.bias_shape_h;
+      if (slices == 0 || p.s_q == 0 || p.s_kv == 0) return cudaSuccess;
+      const dim3 grid(static_cast<unsigned>((p.s_kv + 255) / 256), static_cast<unsigned>(std::min(p.s_q, 65535)),
+                      static_cast<unsigned>(std::min<int64_t>(slices, 65535)));
       if (p.bias_f32)
-        dbias_reduce_kernel<float><<<blocks, 256, 0, stream>>>(p);
+        dbias_reduce_kernel<float><<<grid, 256, 0, stream>>>(p);
       else
-        dbias_reduce_kernel<T><<<blocks, 256, 0, stream>>>(p);
+        dbias_reduce_kernel<T><<<grid, 256, 0, stream>>>(p);
       break;
     }
     case kSmallDqConvert: {

@@ -285,9 +285,8 @@ Status run_typed(const Call& c, const cuda::KernelChoice& kc, const Workspace& w
                                                  st));
     return Status::ok();
   }
-  if (k.ws_dbias != nullptr)
-    SINKATTN_CUDA_CHECK("d_bias workspace memset",
-                        cudaMemsetAsync(k.ws_dbias, 0, sizeof(float) * c.b * c.h_q * c.s_q * c.s_kv, st));
+  // The d_bias workspace is not cleared: the d_bias kernel reads only the elements the main kernels wrote
+  // (bwd_small.cu, dbias_reduce_kernel).
   SINKATTN_CUDA_CHECK("backward preprocess kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallPreprocess, st));
   if (k.d_sinks != nullptr)
     SINKATTN_CUDA_CHECK("d_sinks kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDSinks, st));

@@ -16,10 +16,10 @@ std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
 // consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
 bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
-int ws_consumers(int tile, const Switches& sw) {
+int ws_consumers(int tile, const Switches& sw, bool bias) {
   if (sw.fwd_ws == 2) return 2;
   if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
-  return tiles::sm90_ws_default_consumers(tile);
+  return bias ? tiles::sm90_ws_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
 }
 
 bool env_on(const char* name) {
@@ -69,7 +69,10 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   std::string no90 = hopper_unavailable(dev, sw);
   if (no90.empty() && !tiles::has_sm90(k.tile))
     no90 = "no Hopper kernel for head-dim tile " + std::to_string(k.tile) + " (tiles 64 and 128)";
-  if (no90.empty() && bias) no90 = "the Hopper kernels have no bias";
+  // Bias: the warp-specialised forward and the dK dV kernel have a bias variant
+  // (kBias: the dK dV kernel also writes dS for d_bias, so no dq kernel is needed); not with dropout.
+  if (no90.empty() && bias && dropout) no90 = "the Hopper kernels have no variant with both bias and dropout";
+  k.bias = bias && no90.empty();
   // Dropout: the backward's Hopper dK dV kernel has a dropout variant (kDropout); the forward stays on the sm_80
   // variant (measured faster, bench/RESULTS.md 2026-12-01 fourth session: a dropout variant of the warp-specialised
   // forward took 3.32 ms at GPT-OSS full against 3.07, 1.98 against 1.90 at MHA d128: the keep bits' integer work
@@ -92,6 +95,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     // decided
   } else if (no90.empty() && dropout) {
     k.fwd_why = "dropout: the sm_80 forward's dropout variant (measured faster than a Hopper one, bench/RESULTS.md)";
+  } else if (no90.empty() && bias && !ws_on(k.tile, sw)) {
+    k.fwd_why = "bias: only the warp-specialised Hopper forward has a bias variant (SINKATTN_CUDA_FWD_WS=0 is set)";
   } else if (no90.empty() && c.window_left >= 0 && c.window_right >= 0 && !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
     const int64_t keys = tiles::fwd_sm90_block_m(k.tile) + c.window_left + c.window_right;
     if (keys < tiles::kSm90FwdMinWindowKeys)
@@ -104,7 +109,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   } else if (no90.empty() && k.fwd_why.empty()) {
     if (ws_on(k.tile, sw)) {
       k.fwd = FwdKernel::kSm90Ws;
-      k.fwd_consumers = ws_consumers(k.tile, sw);
+      k.fwd_consumers = ws_consumers(k.tile, sw, bias);
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::kSm90WsBlockN;
       k.fwd_persistent = sw.fwd_ws_persistent;
@@ -123,8 +128,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
 
   // ---- backward ----
-  if (bias)
-    k.dq = DqPath::kDqKernel;  // the dq kernel writes dS for d_bias
+  if (bias && !no90.empty())
+    k.dq = DqPath::kDqKernel;  // off Hopper the dq kernel writes dS for d_bias
   else if (c.deterministic)
     k.dq = no90.empty() && !sw.det_sm80 ? DqPath::kFusedOrdered : DqPath::kDqKernel;
   else
@@ -159,7 +164,7 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm90: s = "hopper fwd (wgmma)"; break;
       case FwdKernel::kSm90Ws:
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
-            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") + ")";
+            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") + (bias ? ", bias" : "") + ")";
         break;
       case FwdKernel::kSm80: s = "sm80 fwd (mma.sync)"; break;
       case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
@@ -175,7 +180,10 @@ std::string KernelChoice::summary(Pass pass) const {
   }
   if (dq == DqPath::kDqKernel) s = "sm80 dq kernel, tile " + tile_str(dq_block_m, dq_block_n) + " + ";
   switch (dkdv) {
-    case DkvKernel::kSm90: s += dropout ? "hopper dK dV (wgmma, dropout)" : "hopper dK dV (wgmma)"; break;
+    case DkvKernel::kSm90:
+      s += bias ? "hopper dK dV (wgmma, bias; dS to the d_bias workspace)"
+                : dropout ? "hopper dK dV (wgmma, dropout)" : "hopper dK dV (wgmma)";
+      break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
     case DkvKernel::kSm80Extra: s += "sm80 dK dV (mma.sync, bias / dropout variant)"; break;
   }
@@ -200,13 +208,14 @@ std::string KernelChoice::summary(Pass pass) const {
 std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
          ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
-         "library carries sm_90a code, for tiles 64 and 128 without bias (dropout: the dK dV kernel only, the sm_80 "
+         "library carries sm_90a code, for tiles 64 and 128 (bias: the warp-specialised forward and the dK dV kernel, "
+         "which writes dS for d_bias, not with dropout; dropout: the dK dV kernel only, the sm_80 "
          "dropout forward measured faster; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
          "under per-query-block semaphores on the Hopper kernel (deterministic = 1, the same TMA reduce-adds), or "
-         "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias); the sm_80 kernels run "
+         "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias off Hopper); the sm_80 kernels run "
          "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "
          "16 query rows per sequence "
          "(fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: the query heads of a KV "

@@ -61,6 +61,7 @@ struct KernelChoice {
   int fwd_block_m = 0, fwd_block_n = 0;
   bool fwd_tma = false;  // the Hopper forward tries TMA (the launcher falls back to cp.async if the driver refuses)
   bool dropout = false;          // DkvKernel::kSm90: its dropout variant (kDropout)
+  bool bias = false;             // kSm90Ws / DkvKernel::kSm90: their bias variants (kBias)
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
   DkvKernel dkdv = DkvKernel::kSm80;
@@ -73,7 +74,7 @@ struct KernelChoice {
 
   // One line: the kernels of the forward or the backward pass and the reason, e.g.
   //   "hopper fwd (wgmma), tile 128 x 64, TMA"
-  //   "sm80 fwd (mma.sync, bias / dropout variant), tile 128 x 64: the Hopper kernels have no bias"
+  //   "sm80 fwd (mma.sync, bias / dropout variant), tile 128 x 32: the Hopper kernels have no variant with both bias and dropout"
   std::string summary(Pass pass) const;
 };
 

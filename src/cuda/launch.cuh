@@ -109,10 +109,11 @@ sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block
 }
 
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
-template <typename T, int HD, int NC>
+template <typename T, int HD, int NC, bool kBias = false>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using TrW = sm90::FwdWsTraits<HD, NC>;
-  cudaError_t e = prepare_smem(sm90::fwd_sm90_ws_kernel<T, HD, NC>, TrW::kSmem);
+  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias>;
+  cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
   const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
   // Persistent blocks (one per SM) walk the tiles in longest-first order, or one block per tile
@@ -127,8 +128,7 @@ cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t 
     blocks = std::min<int64_t>(tiles, sms);
   }
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
-  sm90::fwd_sm90_ws_kernel<T, HD, NC><<<static_cast<unsigned>(blocks), TrW::kThreads, TrW::kSmem, stream>>>(
-      p, tma, static_cast<int>(tiles));
+  kernel<<<static_cast<unsigned>(blocks), TrW::kThreads, TrW::kSmem, stream>>>(p, tma, static_cast<int>(tiles));
   return cudaGetLastError();
 }
 
@@ -152,6 +152,12 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
       return cudaErrorInvalidValue;
     case FwdKernel::kSm90Ws:
       if constexpr (tiles::has_sm90(HD)) {
+        if (kc.bias) {  // bias variants: 2 consumers (both tiles), 3 at tile 64
+          if constexpr (HD == 64) {
+            if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3, true>(p, kc, stream);
+          }
+          return launch_fwd_ws<T, HD, 2, true>(p, kc, stream);
+        }
         if constexpr (HD == 64) {
           if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3>(p, kc, stream);
         }
@@ -214,10 +220,13 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         if (p.ws_dq == nullptr || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
           return cudaErrorInvalidValue;
         const bool det = kc.dq == DqPath::kFusedOrdered;
-        const auto kernel = kc.dropout ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true>
-                                              : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>)
-                                       : (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
-                                              : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
+        if (kc.bias && (kc.dropout || p.ws_dbias == nullptr)) return cudaErrorInvalidValue;
+        const auto kernel = kc.bias      ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
+                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>)
+                            : kc.dropout ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true>
+                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>)
+                                         : (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
+                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
         cudaError_t e = prepare_smem(kernel, Tr90::kSmem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};

@@ -12,17 +12,103 @@
 
 namespace sinkattn::cuda {
 
+// Two adjacent elements of the bias (or any T / fp32 row) as one 4-byte (fp32: 8-byte) load.
+template <typename E>
+struct alignas(2 * sizeof(E)) ElemPair {
+  E x, y;
+};
+
 template <typename T>
-__device__ __forceinline__ float bias_at(const Params& p, int n, int h, int i, int j) {
-  const int64_t off = n * p.bias_b + h * p.bias_h + i * p.bias_i + j * p.bias_j;
-  if (p.bias_f32) return static_cast<const float*>(p.bias)[off];
+__device__ __forceinline__ float bias_load(const Params& p, int64_t off) {
+  if (p.bias_f32) return __ldg(static_cast<const float*>(p.bias) + off);
   return ElemTraits<T>::to_float(static_cast<const T*>(p.bias)[off]);
 }
 
-// kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path).
+template <typename T>
+__device__ __forceinline__ void bias_load_pair(const Params& p, int64_t off, float& b0, float& b1) {
+  if (p.bias_f32) {
+    const ElemPair<float> v = *reinterpret_cast<const ElemPair<float>*>(static_cast<const float*>(p.bias) + off);
+    b0 = v.x;
+    b1 = v.y;
+  } else {
+    const ElemPair<T> v = *reinterpret_cast<const ElemPair<T>*>(static_cast<const T*>(p.bias) + off);
+    b0 = ElemTraits<T>::to_float(v.x);
+    b1 = ElemTraits<T>::to_float(v.y);
+  }
+}
+
+// The bias of one thread's fragment of a tile, loaded into registers before the tile's S (S^T) product is waited
+// for, so that the loads' latency hides behind the tensor cores (the kBias variants of the warp-specialised Hopper
+// forward and of the Hopper dK dV kernel). A 16-bit bias only: one 32-bit word per (nt, fragment row) holding
+// elements (nt, 2 rr) and (nt, 2 rr + 1); elements past the sequence read as 0 (never visible). Rows are queries
+// (one paired load where the keys have unit stride and the offsets are even, else two) or keys (kTransposed: two
+// loads). `on` is false for an fp32 bias, whose elements make_logits loads itself.
+template <typename T, int NT, bool kTransposed = false>
+struct BiasPrefetch {
+  uint32_t w[NT][2];
+  bool on = false;
+
+  __device__ __forceinline__ void load(const Params& p, int n, int h, int row0, int col0, int len_q, int len_kv,
+                                       int lane) {
+    on = !p.bias_f32;
+    if (!on) return;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t rs = kTransposed ? p.bias_j : p.bias_i, cs = kTransposed ? p.bias_i : p.bias_j;
+    const int len_r = kTransposed ? len_kv : len_q, len_c = kTransposed ? len_q : len_kv;
+    const bool pair = !kTransposed && cs == 1 && ((p.bias_b | p.bias_h | p.bias_i) & 1) == 0 &&
+                      (reinterpret_cast<uintptr_t>(p.bias) & 3) == 0;
+    const T* base = static_cast<const T*>(p.bias) + n * p.bias_b + h * p.bias_h;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = row0 + g + 8 * rr;
+      const T* row = base + static_cast<int64_t>(r) * rs;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = col0 + nt * 8 + 2 * t;
+        uint32_t v = 0u;
+        if (r < len_r && pair && c + 1 < len_c) {
+          v = *reinterpret_cast<const uint32_t*>(row + c);
+        } else if (r < len_r) {
+          const T* e = row + static_cast<int64_t>(c) * cs;
+          uint16_t lo = 0, hi = 0;
+          if (c < len_c) lo = __ldg(reinterpret_cast<const unsigned short*>(e));
+          if (c + 1 < len_c) hi = __ldg(reinterpret_cast<const unsigned short*>(e + cs));
+          v = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+        }
+        w[nt][rr] = v;
+      }
+    }
+  }
+  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
+    const uint32_t v = w[nt][rr];
+    const uint16_t lo = static_cast<uint16_t>(v & 0xffffu), hi = static_cast<uint16_t>(v >> 16);
+    b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
+    b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
+  }
+};
+
+// The visible columns [lo[rr], hi[rr]) of fragment rows r0 and r0 + 8 (the mask of SPEC 2 is a band,
+// common/mask.hpp), in 64 bits: rows are queries (their keys) or, kTransposed, keys (their queries).
+template <bool kTransposed>
+__device__ __forceinline__ void fragment_row_ranges(const Mask& mk, int r0, int (&lo)[2], int (&hi)[2]) {
+  const BandMask<int64_t> wide(mk);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t r = r0 + 8 * rr;
+    int64_t a = 0, b = 0;
+    if (!kTransposed && r < mk.len_q) wide.key_range(r, r + 1, a, b);         // row = query i: its keys
+    else if (kTransposed && r < mk.len_kv) wide.query_range(r, r + 1, a, b);  // row = key j: its queries
+    lo[rr] = static_cast<int>(a);
+    hi[rr] = static_cast<int>(b);
+  }
+}
+
+// kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path). pre: the tile's bias,
+// prefetched (nullptr, or pre->on false: loaded here).
 template <typename T, int NT, bool kTransposed, bool kMayBias = true>
 __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, const Mask& mk, bool need_mask, int n,
-                                            int h, int row0, int col0, int lane) {
+                                            int h, int row0, int col0, int lane,
+                                            const BiasPrefetch<T, NT, kTransposed>* pre = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   const bool has_bias = kMayBias && p.bias != nullptr;
   if (!need_mask && !has_bias) {  // common path (interior tile, no bias): branch-free scaling only
@@ -37,16 +123,7 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
     // [lo, hi) (the mask of SPEC 2 is a band, common/mask.hpp), computed once per row in 64 bits; then two
     // compares per element.
     int lo[2], hi[2];
-    const BandMask<int64_t> wide(mk);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int64_t r = row0 + g + 8 * rr;
-      int64_t a = 0, b = 0;
-      if (!kTransposed && r < mk.len_q) wide.key_range(r, r + 1, a, b);         // row = query i: its keys
-      else if (kTransposed && r < mk.len_kv) wide.query_range(r, r + 1, a, b);  // row = key j: its queries
-      lo[rr] = static_cast<int>(a);
-      hi[rr] = static_cast<int>(b);
-    }
+    fragment_row_ranges<kTransposed>(mk, row0 + g, lo, hi);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -57,23 +134,86 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
       }
     return;
   }
+  // Bias: the same column ranges on edge tiles. A visible tile leaves queries past len_q to the caller
+  // (BandMask::tile_all_visible); the bias is never read there (its rows end at len_q), and such rows / columns are
+  // -inf as on the edge tiles.
+  int lo[2] = {col0, col0}, hi[2] = {col0 + NT * 8, col0 + NT * 8};
+  if (need_mask) {
+    fragment_row_ranges<kTransposed>(mk, row0 + g, lo, hi);
+  } else {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (!kTransposed && row0 + g + 8 * rr >= mk.len_q) hi[rr] = lo[rr];
+      if (kTransposed) hi[rr] = min(hi[rr], mk.len_q);
+    }
+  }
+  // Bias: one element offset per fragment row (64 bits, once per tile), a column stride per element. Two adjacent
+  // columns are adjacent bias elements when the columns are keys of unit stride: one paired load where the
+  // offsets are even and the pointer aligned (uniform over the call).
+  const int64_t rs = kTransposed ? p.bias_j : p.bias_i, cs = kTransposed ? p.bias_i : p.bias_j;
+  const bool pair = !kTransposed && cs == 1 && ((p.bias_b | p.bias_h | p.bias_i) & 1) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.bias) & (p.bias_f32 ? 7 : 3)) == 0;
+  const int64_t base = n * p.bias_b + h * p.bias_h + static_cast<int64_t>(col0 + 2 * t) * cs;
+  int64_t ro[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) ro[rr] = base + static_cast<int64_t>(row0 + g + 8 * rr) * rs;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = row0 + g + ((e & 2) ? 8 : 0);
-      const int c = col0 + nt * 8 + 2 * t + (e & 1);
-      const int i = kTransposed ? c : r;
-      const int j = kTransposed ? r : c;
-      float x = s[nt][e] * p.scale_log2;
-      const bool vis = mk.visible(i, j) && i < mk.len_q;
-      if (!vis) {
-        x = -INFINITY;
-      } else if (has_bias) {
-        x += bias_at<T>(p, n, h, i, j) * kLog2e;
+    for (int rr = 0; rr < 2; ++rr) {
+      const int c = col0 + nt * 8 + 2 * t;
+      const bool v0 = c >= lo[rr] && c < hi[rr], v1 = c + 1 >= lo[rr] && c + 1 < hi[rr];
+      const int64_t o = ro[rr] + nt * 8 * cs;
+      float b0 = 0.f, b1 = 0.f;  // read only where visible: never out of bounds, a masked NaN never enters
+      if (pre != nullptr && pre->on) {
+        pre->get(nt, rr, b0, b1);
+      } else if (pair && v0 && v1) {
+        bias_load_pair<T>(p, o, b0, b1);
+      } else {
+        if (v0) b0 = bias_load<T>(p, o);
+        if (v1) b1 = bias_load<T>(p, o + cs);
       }
-      s[nt][e] = x;
+      s[nt][2 * rr] = v0 ? s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e : -INFINITY;
+      s[nt][2 * rr + 1] = v1 ? s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e : -INFINITY;
     }
+  }
+}
+
+// dS of one thread's fragment (rows row0 + g, + 8; columns col0 + 8 nt + 2 t, + 1) into the d_bias workspace
+// ws_dbias[n][h][i][j] (fp32; bias calls are dense, SPEC 1), elements inside the sequence only. Rows are queries
+// (the dq kernel: two adjacent keys as one 8-byte store when s_kv is even) or keys (kTransposed: the Hopper dK dV
+// kernel; a store instruction covers 8 consecutive keys of 4 query rows).
+template <int NT, bool kTransposed>
+__device__ __forceinline__ void store_dbias_ws(const Params& p, const float (&ds)[NT][4], int n, int h, int row0,
+                                               int col0, int len_q, int len_kv, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float* ws = p.ws_dbias + (static_cast<int64_t>(n) * p.h_q + h) * p.s_q * p.s_kv;
+  if constexpr (!kTransposed) {
+    const bool pair = (p.s_kv & 1) == 0;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int i = row0 + g + 8 * rr;
+      if (i >= len_q) continue;
+      float* row = ws + static_cast<int64_t>(i) * p.s_kv;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int j = col0 + nt * 8 + 2 * t;
+        if (pair && j + 1 < len_kv) {
+          *reinterpret_cast<ElemPair<float>*>(row + j) = ElemPair<float>{ds[nt][2 * rr], ds[nt][2 * rr + 1]};
+        } else {
+          if (j < len_kv) row[j] = ds[nt][2 * rr];
+          if (j + 1 < len_kv) row[j + 1] = ds[nt][2 * rr + 1];
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = row0 + g + 8 * (e >> 1), i = col0 + nt * 8 + 2 * t + (e & 1);
+        if (i < len_q && j < len_kv) ws[static_cast<int64_t>(i) * p.s_kv + j] = ds[nt][e];
+      }
   }
 }
 

@@ -1,8 +1,8 @@
 // CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a), for
-// head-dim tiles 64 and 128, fp16 / bf16, without bias (dropout: kDropout), with dQ fused: fp32 reductions into
-// p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh) or in a fixed order of
-// the key blocks under per-query-block semaphores (kDet = true, deterministic = 1; dq_order.hpp has the order, why the
-// sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
+// head-dim tiles 64 and 128, fp16 / bf16, with a bias (kBias) or dropout (kDropout) or neither, with dQ fused:
+// fp32 reductions into p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh)
+// or in a fixed order of the key blocks under per-query-block semaphores (kDet = true, deterministic = 1;
+// dq_order.hpp has the order, why the sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
 //   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
@@ -109,8 +109,11 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits of dropout.cuh (Dropout::keep_bits, rows = keys) drawn while the S^T / dP^T wgmmas run.
-template <typename T, int HD, bool kDet, bool kDropout = false>
+// kBias: the call has a bias (not with dropout): S^T takes bias^T (scores.cuh, make_logits), and dS^T (fp32) goes to
+// the d_bias workspace (store_dbias_ws) besides dQ, dK.
+template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
+  static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
@@ -149,7 +152,10 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   int qb_lo, nq;
   kt.template query_blocks<BM>(mk, qb_lo, nq);
   const int iters = nq * p.group;
-  using Order = StepOrder<kDet>;  // (query head of the group, query block) of each step
+  // (query head of the group, query block) of each step. kBias: query-block-major (the order of kDet) also without
+  // kDet, so the heads of a group read one bias tile in consecutive steps: head-major, the non-deterministic bias
+  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth session).
+  using Order = StepOrder<kDet || kBias>;
 
   const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
   const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
@@ -285,11 +291,16 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_commit();
       uint64_t keep = 0;  // kDropout: bit 4 nt + e keeps element (nt, e)
       if constexpr (kDropout) keep = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
+      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run (at 128 the registers are spent).
+      constexpr bool kPrefetch = kBias && HD == 64;
+      BiasPrefetch<T, NT, true> bias;
+      if constexpr (kPrefetch) bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
       wgmma_wait<1>();  // S^T
       fence_acc(s);
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
-      const bool fold = !need_mask;
-      if (!fold) make_logits<T, NT, true, false>(s, p, mk, need_mask, n, h, key_w, i0, lane);
+      const bool fold = !need_mask && !kBias;
+      if (!fold)
+        make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr);
       const float sc = fold ? p.scale_log2 : 1.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -323,6 +334,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
           if constexpr (kDropout) dp = (keep >> (4 * nt + e)) & 1u ? dp * p.dropout_rscale : 0.f;
           dpv[nt][e] = pr != 0.f ? pr * (dp - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
         }
+      if constexpr (kBias) store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
       // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {

@@ -1,5 +1,5 @@
 // CUDA backend, Hopper: the warp-specialised forward (SPEC.md section 2) on wgmma + TMA, FlashAttention-3's
-// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no bias or dropout):
+// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no dropout; a bias in the kBias variant):
 //   - one producer warp (its warpgroup gives its registers away: setmaxnreg.dec) loads Q once and K, V of every
 //     key block into a two-stage ring of shared-memory buffers, by TMA where the block lies in the sequence and
 //     by cp.async with zero-fill where it reaches past the sequence's end (rows past len_kv must read as exact
@@ -84,7 +84,8 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
   if (lane == 0) mbar_arrive(bar);
 }
 
-template <typename T, int HD, int NC_>
+// kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then).
+template <typename T, int HD, int NC_, bool kBias = false>
 __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -251,8 +252,19 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
         auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
           fwd_issue_pv<T>(acc, ap, sV + (v_it % S) * BN * HD);
         };
+        // kBias with 2 consumers: the block's bias, loaded after its S is issued and before it is waited for. With 3
+        // (128 registers a thread) the 32 words spilled (a 248-byte stack) and the forward took 3.81 ms against
+        // 2.68 at GPT-OSS full (bench/RESULTS.md 2026-12-01, fifth session): make_logits loads it there.
+        constexpr bool kPrefetch = kBias && NC == 2;
+        BiasPrefetch<T, NT> bias;
+        auto prefetch_bias = [&](int i) {
+          if constexpr (kPrefetch) bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+        };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          fwd_softmax_step<T>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane);
+          if constexpr (kPrefetch)
+            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane, &bias);
+          else
+            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane);
         };
 
         // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
@@ -265,6 +277,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           wgmma_fence();
           issue_s(s, it);
           pass_turn();
+          prefetch_bias(0);
           wgmma_wait<0>();
           fence_acc(s);
           release(&k_empty[it % S]);
@@ -282,6 +295,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           issue_s(s, cur);
           issue_pv(ap, prev);
           pass_turn();
+          prefetch_bias(i);
           wgmma_wait<1>();
           fence_acc(s);
           release(&k_empty[cur % S]);
