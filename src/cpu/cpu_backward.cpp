@@ -1,7 +1,7 @@
 // CPU backward (SPEC.md section 3), deterministic by construction: every output element is produced by exactly one
 // task, in an order that does not depend on the thread count, and partial sums are reduced in a fixed order.
 //
-//   1. preprocess, tasks (n, h):  D_i = dot(d_out_i, out_i) in fp32 (from the out tensor given), into the
+//   1. preprocess, tasks (n, h):  D_i = dot(d_out_i, out_i) accumulated in double (from the out tensor given), into the
 //      workspace, with fp32 copies of the valid q and d_out rows; then per head h:
 //      d_sinks[h] = sum_{n, valid i} exp(sigma_h - LSE_i) * (d_lse_i - D_i)  (double, fixed order).
 //      K and V are converted once to fp32 panels (cpu_panels.hpp).
@@ -176,7 +176,7 @@ void preprocess(const Bwd& w) {
         load_row(x.in_row(p.d_out, c.d_out, n, row, h), c.dtype, c.d_v, g, x.dvp);
         w.q_fin[w.d_index(n, h, i)] = row_finite(qr, c.d) ? 1 : 0;
         w.do_fin[w.d_index(n, h, i)] = row_finite(g, c.d_v) ? 1 : 0;
-        w.D[w.d_index(n, h, i)] = dot_f32(o, g, c.d_v);
+        w.D[w.d_index(n, h, i)] = static_cast<float>(dot_f64(o, g, c.d_v));
       }
     }
     if (c.plan.d_sinks == Use::kRequired) {

@@ -180,13 +180,17 @@ inline __m256 range_mask(int64_t base, int64_t a, int64_t e) {
                        _mm256_cmp_ps(idx, _mm256_set1_ps(static_cast<float>(e)), _CMP_LT_OQ));
 }
 
-// fp32 dot product of two contiguous rows (8 partial lanes, fixed order).
-inline float dot_f32(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
+// Dot product of two contiguous fp32 rows accumulated in double (4 partial lanes, fixed order): D_i of the
+// backward, whose difference with dP_ij cancels where a row sees one key beside the sink (cpu_backward.cpp).
+inline double dot_f64(const float* a, const float* b, int64_t n) {
+  __m256d acc = _mm256_setzero_pd();
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
-  float s = hsum_ps(acc);
-  for (; c < n; ++c) s += a[c] * b[c];
+  for (; c + 4 <= n; c += 4)
+    acc = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(a + c)), _mm256_cvtps_pd(_mm_loadu_ps(b + c)), acc);
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, acc);
+  double s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; c < n; ++c) s += static_cast<double>(a[c]) * b[c];
   return s;
 }
 

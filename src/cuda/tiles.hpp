@@ -50,6 +50,6 @@ constexpr int kSm90WsBlockN = 128;
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
 // Its bias variant (kBias): 2 consumers, whose threads have the registers to prefetch the bias (fwd_sm90_ws.cuh).
 // Measured (bench/RESULTS.md 2026-12-01, fifth session): at tile 64, 2.52 ms against 2.66 with 3 (no prefetch).
-constexpr int sm90_ws_bias_consumers(int hd) { return hd > 0 ? 2 : 0; }
+constexpr int sm90_ws_bias_consumers(int /*hd*/) { return 2; }
 
 }  // namespace sinkattn::cuda::tiles

@@ -12,7 +12,7 @@
 namespace sinkattn::cuda_f32 {
 
 // Backward workspace, byte offsets (each region 256-byte aligned):
-//   dm     [h_q][b * s_q] floats: D_i - d_lse_i
+//   dm     [h_q][b * s_q] doubles: D_i - d_lse_i
 //   dsink  [h_q][b * s_q] floats: the d_sinks term of each row (learnable only)
 //   dbias  [b][h_q][s_q][s_kv] floats: dS, reduced over the broadcast dims of bias (only when bias broadcasts)
 // The forward needs none.
@@ -33,7 +33,7 @@ inline Layout layout_of(const Call& c) {
   const size_t rows = static_cast<size_t>(c.b) * static_cast<size_t>(c.s_q);
   size_t off = 0;
   w.dm = off;
-  off = align256(off + sizeof(float) * static_cast<size_t>(c.h_q) * rows);
+  off = align256(off + sizeof(double) * static_cast<size_t>(c.h_q) * rows);
   if (c.plan.d_sinks == Use::kRequired) {
     w.has_dsink = true;
     w.dsink = off;
@@ -141,7 +141,7 @@ inline KParams make_kparams(const Call& c, const Layout& w, void* workspace) {
     k.d_sinks_st = p.d_sinks.strides[0];
   }
   char* ws = static_cast<char*>(workspace);
-  k.ws_dm = reinterpret_cast<float*>(ws + w.dm);
+  k.ws_dm = reinterpret_cast<double*>(ws + w.dm);
   if (w.has_dsink) k.ws_dsink = reinterpret_cast<float*>(ws + w.dsink);
   if (c.plan.d_bias == Use::kRequired) {
     k.d_bias = static_cast<float*>(p.d_bias.data);

@@ -1,5 +1,6 @@
 // CUDA backend, Hopper: the forward kernel (SPEC.md section 2) on warpgroup MMA (wgmma, sm_90a), for head-dim tiles
-// 64 and 128, fp16 / bf16, without bias or dropout (fwd_kernel.cuh runs every other combination).
+// 64 and 128, fp16 / bf16, without bias or dropout (the warp-specialised forward's kBias variant, fwd_sm90_ws.cuh,
+// and fwd_kernel.cuh run the other combinations).
 // Same math, mask, sink and epilogue as fwd_kernel (online softmax with the sink as an already-seen key,
 // softmax.cuh: the wgmma accumulator of a warp is the mma.sync C layout, so OnlineSoftmax / make_logits /
 // store_fragment work unchanged); the per-key-block steps (the S and P V wgmma chains, the softmax step) are
