@@ -91,6 +91,12 @@ if [[ " $STEPS " == *" suite "* ]]; then
   # A CUDA-vs-CPU mismatch alone does not say which backend is wrong: the suite then judges the call by the float64
   # reference itself (SPEC.md section 5; "cpu backend SPEC 5" lines blame the CPU side). To rerun one sweep
   # configuration by hand: $SUITE --no-cases --seed $SEED --only K --ref -v
+  # The fp32 cancellation cases (tests/gpu/CMakeLists.txt, gpu_suite_fp32_cancellation_*) on both backends.
+  for spec in "120404 250 148" "79 400 83"; do
+    set -- $spec
+    "$SUITE" --no-cases --seed "$1" --sweep "$2" --only "$3" >>"$OUT/suite_fp32_cancellation.log" 2>&1 || status=1
+  done
+  note "fp32 cancellation cases: $(grep -c '^ok' "$OUT/suite_fp32_cancellation.log") of 2 ok"
 fi
 
 if [[ " $STEPS " == *" sanitizer "* ]]; then
