@@ -219,6 +219,27 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   Switches three;
   three.fwd_ws = 3;
   EXPECT_EQ(choose_kernels(c64, kH200, three).fwd_consumers, 3);
+  EXPECT_FALSE(k.dbias_group_sum);  // a group of one head
+  // GQA with a bias broadcast over the heads at tile 64: the dK dV kernel sums dS over each KV group; the d_bias
+  // workspace has h_kv heads. Not with a per-head bias, nor at tile 128 (no shared memory left for the sums).
+  Call gqa = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  gqa.plan.bias = Use::kRequired;
+  k = choose_kernels(gqa, kH200, Switches{});
+  EXPECT_TRUE(k.dbias_group_sum);
+  EXPECT_EQ(k.dbias_ws_heads(gqa), 8);
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "dS summed over each KV group's heads"));
+  Switches no_sum;
+  no_sum.no_dbias_group_sum = true;  // the A/B switch SINKATTN_CUDA_NO_DBIAS_GROUP_SUM
+  EXPECT_FALSE(choose_kernels(gqa, kH200, no_sum).dbias_group_sum);
+  EXPECT_EQ(choose_kernels(gqa, kH200, no_sum).dbias_ws_heads(gqa), 64);
+  gqa.bias_per_head = true;
+  k = choose_kernels(gqa, kH200, Switches{});
+  EXPECT_FALSE(k.dbias_group_sum);
+  EXPECT_EQ(k.dbias_ws_heads(gqa), 64);
+  gqa.bias_per_head = false;
+  gqa.d = gqa.d_v = 128;
+  EXPECT_FALSE(choose_kernels(gqa, kH200, Switches{}).dbias_group_sum);
+  EXPECT_FALSE(choose_kernels(gqa, kA100, Switches{}).dbias_group_sum);
   Switches no_ws;
   no_ws.fwd_ws = 0;
   k = choose_kernels(c64, kH200, no_ws);

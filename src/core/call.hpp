@@ -91,6 +91,7 @@ struct Call {
   RowStrides q, k, v, out, d_out, dq, dk, dv;  // paged: k, v are {page, row in page, head} strides
   LseStrides lse, d_lse;
   BiasStrides bias, d_bias;
+  bool bias_per_head = false;  // bias (and d_bias) has h_q heads, not 1 (broadcast over the heads)
   PagedKv paged;
   int32_t num_splits = 0;  // forward: 0 heuristic, 1 no split, N > 1 at most N key splits per row
 

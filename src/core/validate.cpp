@@ -468,6 +468,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
                      "], got " + shape_str(p.bias));
     c.bias_dtype = p.bias.dtype;
     c.bias = bias_strides(p.bias);
+    c.bias_per_head = p.bias.shape[1] != 1;
   }
 
   // ---- resolved options ----

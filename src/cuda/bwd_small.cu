@@ -140,14 +140,16 @@ __global__ void dbias_reduce_kernel(const Params p) {
   for (int nh = blockIdx.z; nh < slices; nh += gridDim.z) {
     const int hb = nh % p.bias_shape_h, nb = nh / p.bias_shape_h;
     const int n0 = p.bias_shape_b == 1 ? 0 : nb, n1 = p.bias_shape_b == 1 ? p.b : nb + 1;
-    const int h0 = p.bias_shape_h == 1 ? 0 : hb, h1 = p.bias_shape_h == 1 ? p.h_q : hb + 1;
+    // Heads of the workspace: h_q, or h_kv when the dK dV kernel summed each KV group (only for a bias broadcast
+    // over the heads).
+    const int h0 = p.bias_shape_h == 1 ? 0 : hb, h1 = p.bias_shape_h == 1 ? p.ws_dbias_heads : hb + 1;
     for (int i = blockIdx.y; i < p.s_q; i += gridDim.y) {
       float s = 0.f;
       for (int n = n0; n < n1; ++n) {
         const SeqInfo sq = seq_info(p, n);
         if (i >= sq.len_q || !Mask(p, sq).visible(i, j)) continue;
         const float* ws = p.ws_dbias + static_cast<int64_t>(i) * p.s_kv + j;
-        for (int h = h0; h < h1; ++h) s += ws[(static_cast<int64_t>(n) * p.h_q + h) * plane];
+        for (int h = h0; h < h1; ++h) s += ws[(static_cast<int64_t>(n) * p.ws_dbias_heads + h) * plane];
       }
       B* dst = static_cast<B*>(p.d_bias) + nb * p.dbias_b + hb * p.dbias_h + i * p.dbias_i + j * p.dbias_j;
       if constexpr (sizeof(B) == 4) {

@@ -94,6 +94,7 @@ struct Workspace {
   int n_pre_blocks = 0;
   int64_t rows_total_q = 0;
   int64_t n_dq_sem = 0;  // unsigned counters of the ordered dq (dq_order.hpp)
+  int64_t dbias_heads = 0;  // heads of the d_bias workspace (KernelChoice::dbias_ws_heads)
 };
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
@@ -112,7 +113,8 @@ Workspace workspace_layout(const Call& c, const cuda::KernelChoice& kc) {
   off = align256(off + sizeof(float) * c.h_q * c.b * w.n_pre_blocks);
   if (c.plan.bias == Use::kRequired) {
     w.dbias = off;
-    off = align256(off + sizeof(float) * c.b * c.h_q * c.s_q * c.s_kv);
+    w.dbias_heads = kc.dbias_ws_heads(c);
+    off = align256(off + sizeof(float) * c.b * w.dbias_heads * c.s_q * c.s_kv);
   }
   // fp32 dq accumulator of the fused dq (the dK dV kernel adds to it; the dq kernel, the dispatch's choice with a
   // bias or for deterministic = 1 off Hopper, needs none), and the ordered dq's ticket and semaphores.
@@ -240,6 +242,7 @@ Params make_params(const Call& c, const Workspace& w) {
     k.ws_dp = reinterpret_cast<float*>(ws + w.dp);
     k.ws_dsink = reinterpret_cast<float*>(ws + w.dsink);
     k.ws_dbias = c.plan.bias == Use::kRequired ? reinterpret_cast<float*>(ws + w.dbias) : nullptr;
+    k.ws_dbias_heads = static_cast<int>(w.dbias_heads);
     k.ws_dq = w.has_dq ? reinterpret_cast<float*>(ws + w.dq) : nullptr;
     k.ws_dq_sem = w.has_dq_sem ? reinterpret_cast<unsigned*>(ws + w.dq_sem) : nullptr;
     k.n_pre_blocks = w.n_pre_blocks;

@@ -41,6 +41,7 @@ Switches switches_from_env() {
       x.fwd_ws_persistent = std::atoi(v) != 0;
     x.no_decode = env_on("SINKATTN_CUDA_NO_DECODE");
     x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
+    x.no_dbias_group_sum = env_on("SINKATTN_CUDA_NO_DBIAS_GROUP_SUM");
     return x;
   }();
   return s;
@@ -136,6 +137,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dq = DqPath::kFusedAtomic;
   if (no90.empty() && k.dq != DqPath::kDqKernel) {
     k.dkdv = DkvKernel::kSm90;
+    k.dbias_group_sum = !sw.no_dbias_group_sum && k.bias && !c.bias_per_head && c.group > 1 && k.tile == 64;
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
@@ -181,7 +183,9 @@ std::string KernelChoice::summary(Pass pass) const {
   if (dq == DqPath::kDqKernel) s = "sm80 dq kernel, tile " + tile_str(dq_block_m, dq_block_n) + " + ";
   switch (dkdv) {
     case DkvKernel::kSm90:
-      s += bias ? "hopper dK dV (wgmma, bias; dS to the d_bias workspace)"
+      s += bias ? (dbias_group_sum ? "hopper dK dV (wgmma, bias; dS summed over each KV group's heads to the d_bias "
+                                     "workspace)"
+                                   : "hopper dK dV (wgmma, bias; dS to the d_bias workspace)")
                 : dropout ? "hopper dK dV (wgmma, dropout)" : "hopper dK dV (wgmma)";
       break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
@@ -224,7 +228,7 @@ std::string dispatch_rules() {
          "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
          "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
-         "SINKATTN_CUDA_DQ_ATOMICS=1";
+         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1";
 }
 
 }  // namespace sinkattn::cuda

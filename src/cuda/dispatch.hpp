@@ -40,6 +40,7 @@ struct Switches {
   bool fwd_ws_persistent = true;
   bool no_decode = false;
   bool dq_atomics = false;
+  bool no_dbias_group_sum = false;
 };
 Switches switches_from_env();
 
@@ -62,6 +63,10 @@ struct KernelChoice {
   bool fwd_tma = false;  // the Hopper forward tries TMA (the launcher falls back to cp.async if the driver refuses)
   bool dropout = false;          // DkvKernel::kSm90: its dropout variant (kDropout)
   bool bias = false;             // kSm90Ws / DkvKernel::kSm90: their bias variants (kBias)
+  // DkvKernel::kSm90 with a bias broadcast over the heads, tile 64, a KV group of several query heads: the kernel sums
+  // dS over the group's heads before the d_bias workspace, which then has h_kv heads instead of h_q (dbias_ws_heads).
+  bool dbias_group_sum = false;
+  int64_t dbias_ws_heads(const Call& c) const { return dbias_group_sum ? c.h_kv : c.h_q; }
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
   DkvKernel dkdv = DkvKernel::kSm80;

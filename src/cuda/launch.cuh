@@ -227,14 +227,17 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
                                                 : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>)
                                          : (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
                                                 : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
-        cudaError_t e = prepare_smem(kernel, Tr90::kSmem);
+        // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
+        if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
+        const int smem = kc.dbias_group_sum ? Tr90::kSmemDbiasSum : Tr90::kSmem;
+        cudaError_t e = prepare_smem(kernel, smem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};
         const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
         tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
                  make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
         tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, Tr90::kBlockM);
-        kernel<<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
+        kernel<<<grid, Tr90::kThreads, smem, stream>>>(p, tma);
         return cudaGetLastError();
       }
       return cudaErrorInvalidValue;

@@ -81,7 +81,9 @@ struct Params {
   float* ws_lse2;      // [h_q][rows_total_q]: LSE * log2(e), +inf for rows that see nothing / padding
   float* ws_dp;        // [h_q][rows_total_q]: D_i - d_lse_i
   float* ws_dsink;     // [h_q][b][n_pre_blocks]: per-block partial sums of d_sinks
-  float* ws_dbias;     // [b][h_q][s_q][s_kv]: dS (fp32) of visited tiles (not cleared), reduced over broadcast dims
+  float* ws_dbias;     // [b][ws_dbias_heads][s_q][s_kv]: dS (fp32) of visited tiles (not cleared), reduced over
+                       // the broadcast dims afterwards
+  int ws_dbias_heads;  // h_q, or h_kv when the dK dV kernel sums each KV group's heads (KernelChoice::dbias_group_sum)
   float* ws_dq;        // [h_q][rows_total_q][d]: fp32 sum_j dS_ij k_j (the fused dq: atomics, or ordered)
   int n_pre_blocks;
   // Deterministic fused dq (DqPath::kFusedOrdered, dq_order.hpp): [0] the ticket counter, then one semaphore per

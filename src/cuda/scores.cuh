@@ -180,14 +180,15 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
 }
 
 // dS of one thread's fragment (rows row0 + g, + 8; columns col0 + 8 nt + 2 t, + 1) into the d_bias workspace
-// ws_dbias[n][h][i][j] (fp32; bias calls are dense, SPEC 1), elements inside the sequence only. Rows are queries
+// ws_dbias[n][hs][i][j] (fp32; bias calls are dense, SPEC 1), elements inside the sequence only; hs = the query head,
+// or the KV head when the caller summed the group's heads (Params::ws_dbias_heads). Rows are queries
 // (the dq kernel: two adjacent keys as one 8-byte store when s_kv is even) or keys (kTransposed: the Hopper dK dV
 // kernel; a store instruction covers 8 consecutive keys of 4 query rows).
 template <int NT, bool kTransposed>
-__device__ __forceinline__ void store_dbias_ws(const Params& p, const float (&ds)[NT][4], int n, int h, int row0,
+__device__ __forceinline__ void store_dbias_ws(const Params& p, const float (&ds)[NT][4], int n, int hs, int row0,
                                                int col0, int len_q, int len_kv, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  float* ws = p.ws_dbias + (static_cast<int64_t>(n) * p.h_q + h) * p.s_q * p.s_kv;
+  float* ws = p.ws_dbias + (static_cast<int64_t>(n) * p.ws_dbias_heads + hs) * p.s_q * p.s_kv;
   if constexpr (!kTransposed) {
     const bool pair = (p.s_kv & 1) == 0;
 #pragma unroll

@@ -5,6 +5,9 @@
 #   bwd_<layer>.kernels.txt every kernel of one forward + backward call and its duration (gpu__time_duration)
 #   bwd_<layer>.txt       the details page (speed of light, compute / memory workload, warp states, occupancy)
 #   bwd_<layer>_sass.txt  the SASS lines with the most warp-stall samples (top 60, with their stall reasons)
+# Layers "gptoss-bias" / "mha-bias" are the bias rows of tests/gpu/gpu_bench.cpp (one rep: its warm-up and timed calls
+# of the forward and of both backward modes are all listed), run from BENCH (default
+# $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
 #      KERNELS_ONLY=1 (only the per-kernel durations), PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
 # ncu gets --clock-control none (device/METHOD.md: leave the clocks alone).
@@ -14,19 +17,24 @@ OUT=${OUT:-$PWD/prof-out}
 mkdir -p "$OUT"
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 CLI=$BUILD_DIR/cli/sinkattn
+BENCH=${BENCH:-$BUILD_DIR/tests/gpu/sinkattn_gpu_bench}
 TAG=${TAG:-}
 export LD_LIBRARY_PATH="$PWD/$BUILD_DIR:${LD_LIBRARY_PATH:-}"
 for layer in ${LAYERS:-gptoss mha}; do
   case $layer in
-    gptoss) args="--preset gpt-oss-20b --layer full" ;;
-    mha) args="--preset llama3-8b" ;;
+    gptoss) cmd="$CLI bench --preset gpt-oss-20b --layer full" ;;
+    mha) cmd="$CLI bench --preset llama3-8b" ;;
+    gptoss-bias) cmd="$BENCH 1 gpt-oss-full+bias" ;;
+    mha-bias) cmd="$BENCH 1 mha-d128+bias" ;;
     *) echo "unknown layer $layer"; continue ;;
   esac
+  run_args=""
+  [[ $layer == *-bias ]] || run_args="--batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda"
   rep=$OUT/bwd_${layer}${TAG}
   # every kernel of one forward + backward call, with its duration (the backward's small kernels included)
   # shellcheck disable=SC2086
   env ${PROF_ENV:-} ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    "$CLI" bench $args --batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda 2>/dev/null |
+    $cmd $run_args 2>/dev/null |
     python3 -c '
 import csv, sys
 rows = [r for r in csv.reader(sys.stdin) if len(r) > 10]
@@ -42,7 +50,7 @@ for r in rows[1:]:
   [ "${KERNELS_ONLY:-0}" = 1 ] && continue
   # shellcheck disable=SC2086
   env ${PROF_ENV:-} ncu --clock-control none -k regex:bwd_dkdv_sm90 -c 1 --set full --import-source no -f -o "$rep" \
-    "$CLI" bench $args --batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda >"$rep.log" 2>&1 ||
+    $cmd $run_args >"$rep.log" 2>&1 ||
     { echo "ncu failed for $layer"; tail -20 "$rep.log"; continue; }
   ncu -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>/dev/null

@@ -77,6 +77,9 @@ struct DkvSm90Traits {
   // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
   static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 +
                                2 * kBlockM * HD * 4 + 4 * kBlockM * 4 + 16 + 1024;
+  // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
+  // floats) summed over the group in shared memory, [kBlockM / 2][kThreads] floats after the barriers.
+  static constexpr int kSmemDbiasSum = kSmem + kThreads * (kBlockM / 2) * 4;
 };
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
@@ -110,7 +113,9 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits of dropout.cuh (Dropout::keep_bits, rows = keys) drawn while the S^T / dP^T wgmmas run.
 // kBias: the call has a bias (not with dropout): S^T takes bias^T (scores.cuh, make_logits), and dS^T (fp32) goes to
-// the d_bias workspace (store_dbias_ws) besides dQ, dK.
+// the d_bias workspace (store_dbias_ws) besides dQ, dK; with Params::ws_dbias_heads = h_kv (a bias broadcast over
+// the heads, KernelChoice::dbias_group_sum) summed over the KV group's query heads first, in shared memory
+// (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/RESULTS.md, 2026-12-02).
 template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
@@ -127,6 +132,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   float* sL = sdQ + 2 * BM * HD;                        // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
+  float* sDb = reinterpret_cast<float*>(bars + 2);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
@@ -334,7 +340,6 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
           if constexpr (kDropout) dp = (keep >> (4 * nt + e)) & 1u ? dp * p.dropout_rscale : 0.f;
           dpv[nt][e] = pr != 0.f ? pr * (dp - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
         }
-      if constexpr (kBias) store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
       // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -343,6 +348,26 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
       }
       pack_a_frags<T>(dpv, as);
+      if constexpr (kBias) {  // dS^T to the d_bias workspace (dpv is not read after this)
+        if (p.ws_dbias_heads == p.h_q) {
+          store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
+        } else {
+          // Summed over the group's query heads, which are consecutive steps of one query block (query-block-major
+          // order, heads ascending: a fixed order), and stored once, at the last head, in the KV head's slot.
+          // This warpgroup is active for every head of the block or for none (the mask is the heads' own).
+          const bool first = ih == 0, last = ih == p.group - 1;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float& a = sDb[(nt * 4 + e) * Tr::kThreads + tid];
+              const float v = first ? dpv[nt][e] : a + dpv[nt][e];
+              if (last) dpv[nt][e] = v;
+              else a = v;
+            }
+          if (last) store_dbias_ws<NT, true>(p, dpv, n, hk, key_w, i0, sq.len_q, sq.len_kv, lane);
+        }
+      }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
