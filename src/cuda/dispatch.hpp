@@ -79,7 +79,8 @@ struct KernelChoice {
 
   // One line: the kernels of the forward or the backward pass and the reason, e.g.
   //   "hopper fwd (wgmma), tile 128 x 64, TMA"
-  //   "sm80 fwd (mma.sync, bias / dropout variant), tile 128 x 32: the Hopper kernels have no variant with both bias and dropout"
+  //   "sm80 fwd (mma.sync, bias / dropout variant), tile 128 x 32: the Hopper kernels have no variant with both bias
+  //    and dropout"
   std::string summary(Pass pass) const;
 };
 

@@ -97,8 +97,9 @@ struct ErrorRow {
 
 // Builds the error table for every output present in `actual` (outputs of the backend, read with
 // read_tensor), against `ref64` (Precision::kFloat64) and `lowp` (Precision::kPlainLowPrecision; for fp32 inputs
-// usually empty, and only reported in lowp_err when given). `dtype` is the input dtype of q. Positions the float64 reference leaves unspecified (NaN) are
-// skipped in lowp_err (the low-precision evaluation leaves them unspecified too).
+// usually empty, and only reported in lowp_err when given). `dtype` is the input dtype of q. Positions the float64
+// reference leaves unspecified (NaN) are skipped in lowp_err (the low-precision evaluation leaves them unspecified
+// too).
 std::vector<ErrorRow> error_table(const Result& actual, const Result& ref64, const Result& lowp, sinkattn_dtype_t dtype);
 inline std::vector<ErrorRow> error_table(const Result& actual, const References& refs, sinkattn_dtype_t dtype) {
   return error_table(actual, refs.ref64, refs.lowp, dtype);

@@ -2,7 +2,8 @@
 // head-dim tiles 64 and 128, fp16 / bf16, with a bias (kBias) or dropout (kDropout) or neither, with dQ fused:
 // fp32 reductions into p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh)
 // or in a fixed order of the key blocks under per-query-block semaphores (kDet = true, deterministic = 1;
-// dq_order.hpp has the order, why the sums are bitwise reproducible and why the waits cannot deadlock). The dispatch (dispatch.cpp) picks the kernel.
+// dq_order.hpp has the order, why the sums are bitwise reproducible and why the waits cannot deadlock). The
+// dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
 //   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
@@ -160,7 +161,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   const int iters = nq * p.group;
   // (query head of the group, query block) of each step. kBias: query-block-major (the order of kDet) also without
   // kDet, so the heads of a group read one bias tile in consecutive steps: head-major, the non-deterministic bias
-  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth session).
+  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth
+  // session).
   using Order = StepOrder<kDet || kBias>;
 
   const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);

@@ -1,5 +1,6 @@
 // CUDA backend, Hopper: the warp-specialised forward (SPEC.md section 2) on wgmma + TMA, FlashAttention-3's
-// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no dropout; a bias in the kBias variant):
+// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no dropout; a bias in the kBias
+// variant):
 //   - one producer warp (its warpgroup gives its registers away: setmaxnreg.dec) loads Q once and K, V of every
 //     key block into a two-stage ring of shared-memory buffers, by TMA where the block lies in the sequence and
 //     by cp.async with zero-fill where it reaches past the sequence's end (rows past len_kv must read as exact
@@ -261,10 +262,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
           if constexpr (kPrefetch) bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          if constexpr (kPrefetch)
-            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane, &bias);
-          else
-            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane);
+          fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                     kPrefetch ? &bias : nullptr);
         };
 
         // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
