@@ -240,6 +240,44 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   gqa.d = gqa.d_v = 128;
   EXPECT_FALSE(choose_kernels(gqa, kH200, Switches{}).dbias_group_sum);
   EXPECT_FALSE(choose_kernels(gqa, kA100, Switches{}).dbias_group_sum);
+  // Bias tiles staged by TMA: a 16-bit bias of unit key stride and 16-byte rows (forward at both tiles, dK dV at tile
+  // 64); an fp32 bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA: per-thread loads.
+  Call tb = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  tb.plan.bias = Use::kRequired;
+  tb.bias_dtype = SINKATTN_BF16;
+  tb.bias = BiasStrides{0, 0, 4096, 1};
+  k = choose_kernels(tb, kH200, Switches{});
+  EXPECT_TRUE(k.fwd_bias_tma);
+  EXPECT_TRUE(k.dkdv_bias_tma);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "persistent, bias tiles by TMA)"));
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, bias tiles by TMA; dS summed over each KV group"));
+  Switches no_btma;
+  no_btma.no_bias_tma = true;
+  EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).fwd_bias_tma);
+  EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).dkdv_bias_tma);
+  EXPECT_TRUE(has(choose_kernels(tb, kH200, no_btma).summary(Pass::kForward), "persistent, bias)"));
+  EXPECT_FALSE(choose_kernels(tb, kH200, three).fwd_bias_tma);  // 3 consumers: no registers to spare
+  Switches no_tma;
+  no_tma.no_tma = true;
+  EXPECT_FALSE(choose_kernels(tb, kH200, no_tma).fwd_bias_tma);
+  EXPECT_FALSE(choose_kernels(tb, kA100, Switches{}).fwd_bias_tma);
+  EXPECT_FALSE(choose_kernels(tb, kA100, Switches{}).dkdv_bias_tma);
+  Call tb_other = tb;
+  tb_other.bias_dtype = SINKATTN_F32;
+  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
+  tb_other = tb;
+  tb_other.bias = BiasStrides{0, 0, 1, 4096};  // keys of stride s_q (a transposed view)
+  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).dkdv_bias_tma);
+  tb_other = tb;
+  tb_other.bias = BiasStrides{0, 0, 4095, 1};  // rows not a 16-byte multiple
+  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
+  tb_other = tb;
+  tb_other.bias = BiasStrides{0, 0, 0, 1};  // broadcast over the queries
+  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
+  tb_other = tb;
+  tb_other.d = tb_other.d_v = 128;  // tile 128: the forward stages, the dK dV kernel has no room
+  EXPECT_TRUE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
+  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).dkdv_bias_tma);
   Switches no_ws;
   no_ws.fwd_ws = 0;
   k = choose_kernels(c64, kH200, no_ws);

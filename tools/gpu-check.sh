@@ -27,7 +27,8 @@
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
 # STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench, determinism),
-# JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
+# SAN_MATCH (edge cases the sanitizer step runs besides its small sweep: names containing it, default "bias"; empty:
+# none), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
 # DECODE_BENCH_TIMEOUT (540).
 set -u
 cd "$(dirname "$0")/.."
@@ -117,6 +118,18 @@ if [[ " $STEPS " == *" sanitizer "* ]]; then
     [ $rc -eq 0 ] || status=1
     note "compute-sanitizer $tool: rc=$rc in $(($(date +%s) - t0)) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
   done
+  # The edge cases whose names contain SAN_MATCH (default "bias": the staged bias tiles of the Hopper kernels and
+  # the d_bias workspace, which the small random sweep rarely reaches), under both tools.
+  if [ -n "${SAN_MATCH-bias}" ]; then
+    for tool in memcheck racecheck; do
+      t0=$(date +%s)
+      timeout "${SAN_TIMEOUT:-120}" "$CS" --tool $tool --error-exitcode 3 "$SUITE" --small --match "${SAN_MATCH-bias}" \
+        --sweep 0 >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || status=1
+      note "compute-sanitizer $tool, edge cases matching '${SAN_MATCH-bias}': rc=$rc in $(($(date +%s) - t0)) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    done
+  fi
 fi
 
 if [[ " $STEPS " == *" decode "* ]]; then

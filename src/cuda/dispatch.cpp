@@ -42,6 +42,7 @@ Switches switches_from_env() {
     x.no_decode = env_on("SINKATTN_CUDA_NO_DECODE");
     x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
     x.no_dbias_group_sum = env_on("SINKATTN_CUDA_NO_DBIAS_GROUP_SUM");
+    x.no_bias_tma = env_on("SINKATTN_CUDA_NO_BIAS_TMA");
     return x;
   }();
   return s;
@@ -65,6 +66,13 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   k.tile = tiles::head_dim_tile(c.d, c.d_v);
   const bool bias = c.plan.bias == Use::kRequired, dropout = c.plan.dropout, extra = bias || dropout;
   const int64_t rows_q = c.plan.varlen ? c.total_q : c.s_q, rows_kv = c.plan.varlen ? c.total_kv : c.s_kv;
+  // A bias TMA can stage (launch.cuh, make_bias_map): 16-bit, unit key stride, rows of whole 16-byte multiples, at
+  // least one 64-key box wide and a block of rows_min query rows tall (bias calls are dense, SPEC 1).
+  const auto bias_tma_ok = [&](int64_t rows_min) {
+    return bias && !sw.no_tma && !sw.no_bias_tma && c.bias_dtype != SINKATTN_F32 && c.bias.j == 1 &&
+           c.bias.i > 0 && c.bias.i % 8 == 0 && c.bias.h % 8 == 0 && c.bias.b % 8 == 0 && c.s_kv >= 64 &&
+           c.s_q >= rows_min;
+  };
 
   // Why the Hopper kernels cannot run this call ("" when they can).
   std::string no90 = hopper_unavailable(dev, sw);
@@ -121,6 +129,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     }
     // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map).
     k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
+    // With 3 consumers (SINKATTN_CUDA_FWD_WS=3) the registers are spent: bias loads from global memory there.
+    k.fwd_bias_tma = k.bias && k.fwd == FwdKernel::kSm90Ws && k.fwd_consumers == 2 && bias_tma_ok(k.fwd_block_m);
   } else {
     if (k.fwd_why.empty()) k.fwd_why = no90;
     k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;
@@ -141,6 +151,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
+    // At tile 128 the kernel has no shared memory left for a second bias buffer (bias^T read from global memory).
+    k.dkdv_bias_tma = k.bias && k.tile == 64 && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
   } else {
@@ -166,7 +178,8 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm90: s = "hopper fwd (wgmma)"; break;
       case FwdKernel::kSm90Ws:
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
-            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") + (bias ? ", bias" : "") + ")";
+            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") +
+            (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") + ")";
         break;
       case FwdKernel::kSm80: s = "sm80 fwd (mma.sync)"; break;
       case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
@@ -183,9 +196,9 @@ std::string KernelChoice::summary(Pass pass) const {
   if (dq == DqPath::kDqKernel) s = "sm80 dq kernel, tile " + tile_str(dq_block_m, dq_block_n) + " + ";
   switch (dkdv) {
     case DkvKernel::kSm90:
-      s += bias ? (dbias_group_sum ? "hopper dK dV (wgmma, bias; dS summed over each KV group's heads to the d_bias "
-                                     "workspace)"
-                                   : "hopper dK dV (wgmma, bias; dS to the d_bias workspace)")
+      s += bias ? std::string("hopper dK dV (wgmma, bias") + (dkdv_bias_tma ? " tiles by TMA" : "") +
+                      (dbias_group_sum ? "; dS summed over each KV group's heads to the d_bias workspace)"
+                                       : "; dS to the d_bias workspace)")
                 : dropout ? "hopper dK dV (wgmma, dropout)" : "hopper dK dV (wgmma)";
       break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
@@ -229,7 +242,7 @@ std::string dispatch_rules() {
          "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
          "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
-         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1";
+         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1";
 }
 
 }  // namespace sinkattn::cuda

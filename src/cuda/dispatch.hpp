@@ -31,6 +31,9 @@ struct DeviceProps {
 //   SINKATTN_CUDA_NO_DECODE=1 no decode kernel: short query chunks on the prefill kernels
 //   SINKATTN_CUDA_DQ_ATOMICS=1 the Hopper dK dV kernel adds its fused dq with per-thread fp32 atomics instead of
 //                             TMA reduce-adds of shared-memory tiles
+//   SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1 the Hopper dK dV kernel writes every query head's dS to the d_bias workspace
+//   SINKATTN_CUDA_NO_BIAS_TMA=1 the Hopper kernels' bias variants load each thread's bias fragment from global memory
+//                             instead of staging the bias tiles in shared memory by TMA
 struct Switches {
   bool no_sm90 = false;
   bool no_tma = false;
@@ -41,6 +44,7 @@ struct Switches {
   bool no_decode = false;
   bool dq_atomics = false;
   bool no_dbias_group_sum = false;
+  bool no_bias_tma = false;
 };
 Switches switches_from_env();
 
@@ -67,6 +71,10 @@ struct KernelChoice {
   // dS over the group's heads before the d_bias workspace, which then has h_kv heads instead of h_q (dbias_ws_heads).
   bool dbias_group_sum = false;
   int64_t dbias_ws_heads(const Call& c) const { return dbias_group_sum ? c.h_kv : c.h_q; }
+  // kSm90Ws / DkvKernel::kSm90 (tile 64) with a 16-bit bias of unit key stride: the bias tiles are staged in shared
+  // memory by TMA with the K / V (forward) or Q / dO (dK dV) tiles (the launcher falls back to per-thread loads from
+  // global memory if the driver refuses the description or the strides / address are not 16-byte multiples).
+  bool fwd_bias_tma = false, dkdv_bias_tma = false;
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
   DkvKernel dkdv = DkvKernel::kSm80;

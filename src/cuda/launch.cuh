@@ -92,6 +92,21 @@ inline bool make_dq_map(CUtensorMap& map, float* ws_dq, int d, int64_t rows_tota
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Tensor map of a 16-bit bias [b|1, h_q|1, s_q, s_kv] for the Hopper kernels' staged bias tiles: 4-d (s_kv, s_q,
+// bias heads, bias batches), box 64 keys x box_rows queries, 128-byte swizzle, zeros outside the tensor (make_rows_map;
+// a broadcast dimension has extent 1, its stride is only a placeholder). False for an fp32 bias, keys of non-unit
+// stride or a row stride of 0 (broadcast over the queries), and wherever make_rows_map refuses; the kernels then load
+// each thread's bias fragment from global memory.
+template <typename T>
+inline bool make_bias_map(CUtensorMap& map, const Params& p, int box_rows) {
+  if (p.bias == nullptr || p.bias_f32 || p.bias_j != 1 || p.bias_i <= 0) return false;
+  RowStrides3 st;
+  st.s = p.bias_i;
+  st.h = p.bias_shape_h > 1 ? p.bias_h : p.bias_i * p.s_q;
+  st.b = p.bias_shape_b > 1 ? p.bias_b : st.h * p.bias_shape_h;
+  return make_rows_map<T>(map, p.bias, p.s_kv, p.s_q, p.bias_shape_h, p.bias_shape_b, st, box_rows);
+}
+
 // The launchers run the kernel the dispatch chose (dispatch.cpp: KernelChoice); a choice this tile has no kernel
 // for is an internal error (cudaErrorInvalidValue).
 
@@ -105,13 +120,14 @@ sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block
   tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, block_m) &&
            make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, block_n) &&
            make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, block_n);
+  tma.bias_ok = kc.fwd_bias_tma && make_bias_map<T>(tma.bias, p, block_m);
   return tma;
 }
 
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
 template <typename T, int HD, int NC, bool kBias = false>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
-  using TrW = sm90::FwdWsTraits<HD, NC>;
+  using TrW = sm90::FwdWsTraits<HD, NC, kBias>;
   const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias>;
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
@@ -229,7 +245,9 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
                                                 : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
         // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
         if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
-        const int smem = kc.dbias_group_sum ? Tr90::kSmemDbiasSum : Tr90::kSmem;
+        // The staged bias tiles (tile 64 only: dispatch.cpp) after the group sum's accumulator.
+        if (kc.dkdv_bias_tma && (!kc.bias || HD != 64)) return cudaErrorInvalidValue;
+        const int smem = kc.dkdv_bias_tma ? Tr90::kSmemBias : kc.dbias_group_sum ? Tr90::kSmemDbiasSum : Tr90::kSmem;
         cudaError_t e = prepare_smem(kernel, smem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};
@@ -237,6 +255,7 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
                  make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
         tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, Tr90::kBlockM);
+        tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, Tr90::kBlockM);
         kernel<<<grid, Tr90::kThreads, smem, stream>>>(p, tma);
         return cudaGetLastError();
       }

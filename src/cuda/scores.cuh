@@ -79,6 +79,30 @@ struct BiasPrefetch {
       }
     }
   }
+  // The same words from a bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows =
+  // queries, columns = keys, the bias's own layout, 16-bit elements; off(r, c) is the element offset of (r, c) in the
+  // staged tile, e.g. sm90::sw_offset). fr0 / fc0: this warp's first fragment row / column within the tile (kTransposed:
+  // fragment rows are the tile's columns). Elements outside the tensor were zero-filled by TMA; those past a sequence's
+  // end are the bias's own (make_logits never uses them: they are masked).
+  template <typename Off>
+  __device__ __forceinline__ void load_smem(const T* tile, Off off, int fr0, int fc0, int lane) {
+    on = true;
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned short* u = reinterpret_cast<const unsigned short*>(tile);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int fr = fr0 + g + 8 * rr;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int fc = fc0 + nt * 8 + 2 * t;
+        if constexpr (!kTransposed) {  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
+          w[nt][rr] = *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
+        } else {  // (fc, fr) and (fc + 1, fr): two rows of the tile
+          w[nt][rr] = static_cast<uint32_t>(u[off(fc, fr)]) | (static_cast<uint32_t>(u[off(fc + 1, fr)]) << 16);
+        }
+      }
+    }
+  }
   __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
     const uint32_t v = w[nt][rr];
     const uint16_t lo = static_cast<uint16_t>(v & 0xffffu), hi = static_cast<uint16_t>(v >> 16);
@@ -147,9 +171,31 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
       if (kTransposed) hi[rr] = min(hi[rr], mk.len_q);
     }
   }
-  // Bias: one element offset per fragment row (64 bits, once per tile), a column stride per element. Two adjacent
-  // columns are adjacent bias elements when the columns are keys of unit stride: one paired load where the
-  // offsets are even and the pointer aligned (uniform over the call).
+  // Elements (nt, 2 rr) and (nt, 2 rr + 1): visible or -inf; the bias b0, b1 enters only where visible (a masked
+  // NaN never does: a select, not a product).
+  const auto put = [&](int nt, int rr, float b0, float b1) {
+    const int c = col0 + nt * 8 + 2 * t;
+    const bool v0 = c >= lo[rr] && c < hi[rr], v1 = c + 1 >= lo[rr] && c + 1 < hi[rr];
+    s[nt][2 * rr] = v0 ? s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e : -INFINITY;
+    s[nt][2 * rr + 1] = v1 ? s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e : -INFINITY;
+  };
+  // Prefetched (registers): one branch for the tile, none per element. A branch per element around the loads below
+  // (either path taken at run time) made the warp-specialised forward's bias variant 10 k instructions long, and
+  // instruction-cache misses (BSYNC, stall_no_inst) its most-sampled stall (ncu, bench/RESULTS.md 2026-12-02).
+  if (pre != nullptr && pre->on) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float b0, b1;
+        pre->get(nt, rr, b0, b1);
+        put(nt, rr, b0, b1);
+      }
+    return;
+  }
+  // Loaded here: one element offset per fragment row (64 bits, once per tile), a column stride per element. Two
+  // adjacent columns are adjacent bias elements when the columns are keys of unit stride: one paired load where the
+  // offsets are even and the pointer aligned (uniform over the call). Read only where visible: never out of bounds.
   const int64_t rs = kTransposed ? p.bias_j : p.bias_i, cs = kTransposed ? p.bias_i : p.bias_j;
   const bool pair = !kTransposed && cs == 1 && ((p.bias_b | p.bias_h | p.bias_i) & 1) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.bias) & (p.bias_f32 ? 7 : 3)) == 0;
@@ -164,17 +210,14 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
       const int c = col0 + nt * 8 + 2 * t;
       const bool v0 = c >= lo[rr] && c < hi[rr], v1 = c + 1 >= lo[rr] && c + 1 < hi[rr];
       const int64_t o = ro[rr] + nt * 8 * cs;
-      float b0 = 0.f, b1 = 0.f;  // read only where visible: never out of bounds, a masked NaN never enters
-      if (pre != nullptr && pre->on) {
-        pre->get(nt, rr, b0, b1);
-      } else if (pair && v0 && v1) {
+      float b0 = 0.f, b1 = 0.f;
+      if (pair && v0 && v1) {
         bias_load_pair<T>(p, o, b0, b1);
       } else {
         if (v0) b0 = bias_load<T>(p, o);
         if (v1) b1 = bias_load<T>(p, o + cs);
       }
-      s[nt][2 * rr] = v0 ? s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e : -INFINITY;
-      s[nt][2 * rr + 1] = v1 ? s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e : -INFINITY;
+      put(nt, rr, b0, b1);
     }
   }
 }

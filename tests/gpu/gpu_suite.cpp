@@ -163,7 +163,8 @@ struct Config {
   double p = 0;
   uint64_t seed = 0, offset = 0;
   std::string bias;  // "", "BHSS", "1HSS", "B1SS", "11SS"
-  bool bias_f32 = true;
+  bool bias_f32 = true;     // JSON "bias_dtype": "f32" (default) or "lowp" (the dtype of q)
+  bool bias_masked_nan = false;  // JSON "bias_masked": "nan": NaN at every bias element no call row may see
   float bias_const = NAN;
   bool q_zero = false;
   // fp32 with every logit shifted by a large constant (edge case no-finite-minus-inf-sentinel, shift -1e5): the
@@ -182,7 +183,7 @@ struct Config {
       << " s_q=" << s_q << " s_kv=" << s_kv << " h=" << h_q << "/" << h_kv << " d=" << d << "/" << d_v
       << " mode=" << (mode == 0 ? "dense" : mode == 1 ? "padded" : "varlen") << (used_kv.empty() ? "" : "+seqused")
       << " st=" << st << " win=(" << wl << "," << wr << ") align=" << align << " p=" << p << " bias=" << bias
-      << (bias.empty() ? "" : bias_f32 ? "/f32" : "/lowp") << " grad=" << grad << " dlse=" << d_lse
+      << (bias.empty() ? "" : bias_f32 ? "/f32" : "/lowp") << (bias_masked_nan ? "+nan-masked" : "") << " grad=" << grad << " dlse=" << d_lse
       << " det=" << deterministic << " layout=" << layout << "]";
     if (!len_q.empty()) {  // per-sequence lengths (padded / varlen), to reproduce a failure
       o << " len_q=";
@@ -395,6 +396,25 @@ void build(Problem& P) {
       for (int r = 0; r < 8; ++r) P.bias.set(pick(rng), -INFINITY);
     } else {
       for (size_t e = 0; e < P.bias.elems(); ++e) P.bias.set(e, c.bias_const);
+    }
+    if (c.bias_masked_nan) {
+      // NaN wherever no (sequence, row) that reads the element sees its key (SPEC 2's mask, padding rows and keys
+      // included): kernels that stage whole bias tiles read such elements and must not let them in (0 * NaN, a
+      // NaN max). Dense calls only (bias is not defined for varlen).
+      const bool br = c.align == SINKATTN_ALIGN_BOTTOM_RIGHT;
+      for (int64_t nb = 0; nb < bb; ++nb)
+        for (int64_t i = 0; i < S; ++i)
+          for (int64_t j = 0; j < K; ++j) {
+            bool seen = false;
+            for (int n = 0; n < c.b && !seen; ++n) {
+              if (bb > 1 && n != nb) continue;
+              if (i >= P.rows(n)) continue;
+              const ref::KeyRange kr = ref::visible_keys(i, P.rows(n), P.keys(n), c.wl, c.wr, br);
+              seen = j >= kr.lo && j < kr.hi;
+            }
+            if (!seen)
+              for (int64_t hh = 0; hh < hb; ++hh) P.bias.set(((nb * hb + hh) * S + i) * K + j, NAN);
+          }
     }
   }
   if (varlen) {
@@ -1422,6 +1442,8 @@ std::vector<Config> cases_from_json(const std::string& path) {
       if (cj.has("seed")) c.seed = static_cast<uint64_t>(cj["seed"].num);
       if (cj.has("offset")) c.offset = static_cast<uint64_t>(cj["offset"].num);
       if (cj.has("bias")) c.bias = cj["bias"].str;
+      if (cj.has("bias_dtype")) c.bias_f32 = cj["bias_dtype"].str != "lowp";
+      if (cj.has("bias_masked")) c.bias_masked_nan = cj["bias_masked"].str == "nan";
       if (cj.has("scores_shift")) {
         c.bias = "11SS";
         c.bias_const = static_cast<float>(cj["scores_shift"].num);
@@ -1626,6 +1648,7 @@ int main(int argc, char** argv) {
   uint64_t seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) % 1000000007ull;
   int only = -1;
   bool small = false, no_cases = false;
+  std::string match;  // --match: only the edge cases whose name contains it
   unsigned workers = std::max(1u, std::thread::hardware_concurrency() > 2 ? std::thread::hardware_concurrency() - 2 : 1u);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1636,14 +1659,15 @@ int main(int argc, char** argv) {
     else if (a == "--only") only = std::stoi(next());
     else if (a == "--small") small = true;
     else if (a == "--no-cases") no_cases = true;
+    else if (a == "--match") match = next();
     else if (a == "--workers") workers = static_cast<unsigned>(std::max(1, std::stoi(next())));
     else if (a == "-v") g_verbose = true;
     else if (a == "--ref") g_always_ref = true;
     else if (a == "--cpu-only") g_cpu_only = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--cases FILE]... [--sweep N] [--seed S] [--only K] [--small] [--no-cases] [--ref] "
-                   "[--workers N] [--cpu-only] [-v]\n",
+                   "usage: %s [--cases FILE]... [--match NAME_PART] [--sweep N] [--seed S] [--only K] [--small] "
+                   "[--no-cases] [--ref] [--workers N] [--cpu-only] [-v]\n",
                    argv[0]);
       return 2;
     }
@@ -1753,6 +1777,7 @@ int main(int argc, char** argv) {
         std::printf("-- %zu edge-case configurations from %s\n", cs.size(), file.c_str());
         for (const auto& c : cs) {
           if (small && static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv > 2e6) continue;
+          if (!match.empty() && c.name.find(match) == std::string::npos) continue;
           run_config(c);
         }
         drain(true);

@@ -9,7 +9,8 @@
 # of the forward and of both backward modes are all listed), run from BENCH (default
 # $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
-#      KERNELS_ONLY=1 (only the per-kernel durations), PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
+#      KERNEL (the kernel the details and SASS pages profile, an ncu -k filter; default regex:bwd_dkdv_sm90; e.g.
+#      regex:fwd_sm90_ws for the forward of the bias rows), KERNELS_ONLY=1 (only the per-kernel durations), PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
 # ncu gets --clock-control none (device/METHOD.md: leave the clocks alone).
 set -u
 cd "$(dirname "$0")/../.."
@@ -49,7 +50,7 @@ for r in rows[1:]:
   cat "$rep.kernels.txt"
   [ "${KERNELS_ONLY:-0}" = 1 ] && continue
   # shellcheck disable=SC2086
-  env ${PROF_ENV:-} ncu --clock-control none -k regex:bwd_dkdv_sm90 -c 1 --set full --import-source no -f -o "$rep" \
+  env ${PROF_ENV:-} ncu --clock-control none -k "${KERNEL:-regex:bwd_dkdv_sm90}" -c 1 --set full --import-source no -f -o "$rep" \
     $cmd $run_args >"$rep.log" 2>&1 ||
     { echo "ncu failed for $layer"; tail -20 "$rep.log"; continue; }
   ncu -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1

@@ -61,9 +61,12 @@ namespace sinkattn::cuda::sm90 {
 // rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
 // dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
 // TMA reduce-adds of the fused dq (both modes); dq_ok = 0: none (per-thread atomics instead).
+// bias: kBias at head dim 64 (KernelChoice::dkdv_bias_tma), the bias as a 4-d map (s_kv, s_q, bias heads, bias
+// batches), box 64 keys x 64 queries: each step's bias tile is staged with its Q / dO on the same mbarrier;
+// bias_ok = 0: none (bias^T loaded by each thread from global memory).
 struct Sm90Tma {
-  CUtensorMap q, d_out, dq;
-  int ok, dq_ok;
+  CUtensorMap q, d_out, dq, bias;
+  int ok, dq_ok, bias_ok;
 };
 
 template <int HD>
@@ -76,11 +79,17 @@ struct DkvSm90Traits {
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
   // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
-  static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 +
-                               2 * kBlockM * HD * 4 + 4 * kBlockM * 4 + 16 + 1024;
+  static constexpr int kBarsOff =
+      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4 + 4 * kBlockM * 4;
+  static constexpr int kSmem = kBarsOff + 16 + 1024;
   // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
   // floats) summed over the group in shared memory, [kBlockM / 2][kThreads] floats after the barriers.
   static constexpr int kSmemDbiasSum = kSmem + kThreads * (kBlockM / 2) * 4;
+  // kBias with the bias tiles staged by TMA (head dim 64: 179 KiB; at 128 there is room for one buffer only):
+  // sB [2][kBlockM * kBlockN] (rows = queries, swizzled row panels) after the group sum's floats, 1024-aligned.
+  static constexpr int kBiasTile = kBlockM * kBlockN;
+  static constexpr int kBiasOff = (kBarsOff + 16 + kThreads * (kBlockM / 2) * 4 + 1023) / 1024 * 1024;
+  static constexpr int kSmemBias = kBiasOff + 2 * kBiasTile * 2 + 1024;
 };
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
@@ -134,6 +143,9 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
   float* sDb = reinterpret_cast<float*>(bars + 2);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
+  T* sB = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(sK) + Tr::kBiasOff);  // kBias, bias_smem: [2][BM * BN]
+  // kBias at head dim 64: each step's bias tile staged by TMA with its Q / dO (uniform over the launch).
+  const bool bias_smem = kBias && HD == 64 && tma.bias_ok != 0;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
@@ -171,8 +183,10 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   load_tile_sw<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
-  // the consuming step agree on it, and every thread does).
+  // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
+  // block or a staged bias tile.
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
+  auto tma_step = [&](int i0) { return tma_block(i0) || bias_smem; };
   // The same for the dq adds: a full block's tile goes to sdQ and, after the next barrier, to ws_dq by TMA
   // reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial block adds
   // with atomics (a box would add to the next sequence's rows).
@@ -197,9 +211,18 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
+    // One arrival (thread 0) with the bytes of every box of the step: Q, dO and / or the bias tile.
+    if (tid == 0 && tma_step(i0))
+      mbar_arrive_expect_tx(&bars[buf], (tma_block(i0) ? 2 * BM * HD * sizeof(T) : 0) +
+                                            (bias_smem ? Tr::kBiasTile * sizeof(T) : 0));
+    if (bias_smem && tid == 0) {  // queries i0 .., keys j0 .. (zeros outside the tensor)
+#pragma unroll
+      for (int c = 0; c < BN / 64; ++c)
+        tma_load_4d(sB + buf * Tr::kBiasTile + c * BM * 64, &tma.bias, j0 + c * 64, i0,
+                    p.bias_shape_h == 1 ? 0 : h, p.bias_shape_b == 1 ? 0 : n, &bars[buf]);
+    }
     if (tma_block(i0)) {
       if (tid == 0) {
-        mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
         for (int c = 0; c < HD / 64; ++c) {
@@ -248,7 +271,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
     cp_async_wait<0>();
-    if (tma_block(i0)) {
+    if (tma_step(i0)) {
       mbar_wait(&bars[buf], (phase >> buf) & 1u);
       phase ^= 1u << buf;
     }
@@ -299,10 +322,17 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_commit();
       uint64_t keep = 0;  // kDropout: bit 4 nt + e keeps element (nt, e)
       if constexpr (kDropout) keep = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
-      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run (at 128 the registers are spent).
+      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run (at 128 the registers are spent),
+      // from the staged tile (bias_smem) or from global memory.
       constexpr bool kPrefetch = kBias && HD == 64;
       BiasPrefetch<T, NT, true> bias;
-      if constexpr (kPrefetch) bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
+      if constexpr (kPrefetch) {
+        if (bias_smem)
+          bias.load_smem(sB + buf * Tr::kBiasTile, [](int r, int c) { return sw_offset<BM>(r, c); },
+                         key_w - j0, 0, lane);
+        else
+          bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
+      }
       wgmma_wait<1>();  // S^T
       fence_acc(s);
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);

@@ -31,9 +31,12 @@ namespace sinkattn::cuda::sm90 {
 
 // Tensor maps of q, k, v for the forward's TMA loads (launch.cuh): 4-d (d, rows, heads, b) of 16-bit elements,
 // box 64 x 128, 128-byte swizzle; ok = 0: none (every tile through cp.async).
+// bias: the warp-specialised forward's kBias variant stages the bias tiles by TMA (KernelChoice::fwd_bias_tma):
+// 4-d (s_kv, s_q, bias heads, bias batches), box 64 keys x kBlockM queries; bias_ok = 0: none (each thread loads its
+// fragment from global memory).
 struct Sm90FwdTma {
-  CUtensorMap q, k, v;
-  int ok;
+  CUtensorMap q, k, v, bias;
+  int ok, bias_ok;
 };
 
 template <int HD>

@@ -35,7 +35,7 @@
 
 namespace sinkattn::cuda::sm90 {
 
-template <int HD, int NC_ = 2>
+template <int HD, int NC_ = 2, bool kBias_ = false>
 struct FwdWsTraits {
   static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
@@ -44,9 +44,17 @@ struct FwdWsTraits {
   static constexpr int kStages = 2;               // K and V buffers each
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
-  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S]
-  static constexpr int kBars = 2 + 4 * kStages;
-  static constexpr int kSmem = (kBlockM * HD + 2 * kStages * kBlockN * HD) * 2 + kBars * 8 + 1024;
+  // kBias with 2 consumers: the bias tiles staged by TMA (Sm90FwdTma::bias_ok), sB [S][kBlockM * kBlockN] in the
+  // swizzled row-panel layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most).
+  // With 3 (SINKATTN_CUDA_FWD_WS=3 only) make_logits loads from global memory: reading the staged tile into
+  // registers there spilled 270 bytes.
+  static constexpr int kBiasTile = kBlockM * kBlockN;
+  static constexpr int kBiasStages = kBias_ && kNC == 2 ? kStages : 0;
+  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S])
+  static constexpr int kBars = 2 + 4 * kStages + 2 * kBiasStages;
+  static constexpr int kSmem =
+      (kBlockM * HD + 2 * kStages * kBlockN * HD + kBiasStages * kBiasTile) * 2 + kBars * 8 + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
 
 // Named barriers 1 .. kNC order the consumer warpgroups' wgmma issue (0 is __syncthreads).
@@ -87,22 +95,28 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
 
 // kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then).
 template <typename T, int HD, int NC_, bool kBias = false>
-__global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
+__global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = FwdWsTraits<HD, NC_>;
+  using Tr = FwdWsTraits<HD, NC_, kBias>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   T* sK = sQ + BM * HD;          // [S][BN * HD]
   T* sV = sK + S * BN * HD;      // [S][BN * HD]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + S * BN * HD);
+  T* sB = sV + S * BN * HD;      // kBias: [S][BM * BN]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);
   uint64_t* q_full = bars;
   uint64_t* q_empty = bars + 1;
   uint64_t* k_full = bars + 2;
   uint64_t* k_empty = k_full + S;
   uint64_t* v_full = k_empty + S;
   uint64_t* v_empty = v_full + S;
+  uint64_t* b_full = v_empty + S;  // kBias
+  uint64_t* b_empty = b_full + S;
+  // kBias: the block's bias tile is staged by TMA (uniform over the launch), else each consumer thread loads its
+  // fragment from global memory.
+  const bool bias_smem = Tr::kBiasStages > 0 && tma.bias_ok != 0;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup 0: producer; 1 .. NC: consumers
@@ -117,6 +131,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
       mbar_init(&v_full[s], 1);
       mbar_init(&k_empty[s], 4 * NC);
       mbar_init(&v_empty[s], 4 * NC);
+      if constexpr (kBias) {
+        mbar_init(&b_full[s], 1);
+        mbar_init(&b_empty[s], 4 * NC);
+      }
     }
   }
   __syncthreads();
@@ -200,6 +218,14 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
                 load_tile_sw_rolled<BN, HD>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, lane, 32);
               cp_async_arrive_warp(fullb, lane);
             }
+            if (v == 0 && bias_smem) {
+              // kBias: the block's bias tile (queries m0 .., keys j0 ..; zeros outside the tensor) with K_j, which
+              // S_j needs too; its own ring stage, released by the consumers after their softmax step.
+              mbar_wait(&b_empty[s], empty_parity);
+              if (lane == 0)
+                tma_load_tile_sw<BM, BN>(sB + s * Tr::kBiasTile, &tma.bias, t.m0, p.bias_shape_h == 1 ? 0 : t.h,
+                                         p.bias_shape_b == 1 ? 0 : t.n, &b_full[s], j0);
+            }
           }
         }
       }
@@ -256,14 +282,28 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_>::kThreads, 1)
         // kBias with 2 consumers: the block's bias, loaded after its S is issued and before it is waited for. With 3
         // (128 registers a thread) the 32 words spilled (a 248-byte stack) and the forward took 3.81 ms against
         // 2.68 at GPT-OSS full (bench/RESULTS.md 2026-12-01, fifth session): make_logits loads it there.
+        // A staged bias tile (bias_smem, 2 consumers) is read from shared memory into the same registers after S is
+        // issued; its buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
         BiasPrefetch<T, NT> bias;
+        auto stage_bias = [&](int i) {
+          const int bi = it + i;
+          mbar_wait(&b_full[bi % S], full_parity(bi));
+          bias.load_smem(sB + (bi % S) * Tr::kBiasTile, [](int r, int cc) { return sw_offset<BM>(r, cc); },
+                         c * 64 + wl * 16, 0, lane);
+        };
         auto prefetch_bias = [&](int i) {
-          if constexpr (kPrefetch) bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+          if constexpr (kPrefetch) {
+            if (bias_smem) stage_bias(i);
+            else bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+          }
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
           fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
                                      kPrefetch ? &bias : nullptr);
+          if constexpr (kPrefetch) {
+            if (bias_smem) release(&b_empty[(it + i) % S]);
+          }
         };
 
         // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in

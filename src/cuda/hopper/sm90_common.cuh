@@ -222,15 +222,16 @@ __device__ __forceinline__ int sw128_f32_offset(int r, int c) {
   return (c >> 5) * (ROWS * 128) + r * 128 + ((((c & 31) >> 2) ^ (r & 7)) << 4) + ((c & 3) << 2);
 }
 
-// TMA load of a ROWS x HD tile of 16-bit elements at (row, head, batch) of a 4-d tensor map (box 64 columns x ROWS
-// rows, 128-byte swizzle) into the swizzled row-panel layout: one box per panel, completing on `bar`, which is armed
-// for the tile's bytes (one arrival).
+// TMA load of a ROWS x HD tile of 16-bit elements at (col0, row, head, batch) of a 4-d tensor map (box 64 columns x
+// ROWS rows, 128-byte swizzle) into the swizzled row-panel layout: one box per panel, completing on `bar`, which is
+// armed for the tile's bytes (one arrival). col0: the tile's first column (0 for q / k / v rows; the first key of a
+// bias tile).
 template <int ROWS, int HD, typename T>
-__device__ __forceinline__ void tma_load_tile_sw(T* dst, const void* tmap, int row, int head, int batch,
-                                                 uint64_t* bar) {
+__device__ __forceinline__ void tma_load_tile_sw(T* dst, const void* tmap, int row, int head, int batch, uint64_t* bar,
+                                                 int col0 = 0) {
   mbar_arrive_expect_tx(bar, ROWS * HD * sizeof(T));
 #pragma unroll
-  for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * ROWS * 64, tmap, c * 64, row, head, batch, bar);
+  for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * ROWS * 64, tmap, col0 + c * 64, row, head, batch, bar);
 }
 
 
