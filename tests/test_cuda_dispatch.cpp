@@ -240,8 +240,8 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   gqa.d = gqa.d_v = 128;
   EXPECT_FALSE(choose_kernels(gqa, kH200, Switches{}).dbias_group_sum);
   EXPECT_FALSE(choose_kernels(gqa, kA100, Switches{}).dbias_group_sum);
-  // Bias tiles staged by TMA: a 16-bit bias of unit key stride and 16-byte rows (forward at both tiles, dK dV at tile
-  // 64); an fp32 bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA: per-thread loads.
+  // Bias tiles staged by TMA: a 16-bit bias of unit key stride and 16-byte rows (both passes, both tiles); an fp32
+  // bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA, 3 consumers: per-thread loads.
   Call tb = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
   tb.plan.bias = Use::kRequired;
   tb.bias_dtype = SINKATTN_BF16;
@@ -275,9 +275,11 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   tb_other.bias = BiasStrides{0, 0, 0, 1};  // broadcast over the queries
   EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
   tb_other = tb;
-  tb_other.d = tb_other.d_v = 128;  // tile 128: the forward stages, the dK dV kernel has no room
+  tb_other.d = tb_other.d_v = 128;  // tile 128: the dK dV kernel's one bias buffer
   EXPECT_TRUE(choose_kernels(tb_other, kH200, Switches{}).fwd_bias_tma);
-  EXPECT_FALSE(choose_kernels(tb_other, kH200, Switches{}).dkdv_bias_tma);
+  EXPECT_TRUE(choose_kernels(tb_other, kH200, Switches{}).dkdv_bias_tma);
+  EXPECT_TRUE(has(choose_kernels(tb_other, kH200, Switches{}).summary(Pass::kBackward),
+                  "hopper dK dV (wgmma, bias tiles by TMA; dS to the d_bias workspace)"));
   Switches no_ws;
   no_ws.fwd_ws = 0;
   k = choose_kernels(c64, kH200, no_ws);

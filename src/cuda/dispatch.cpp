@@ -151,8 +151,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
-    // At tile 128 the kernel has no shared memory left for a second bias buffer (bias^T read from global memory).
-    k.dkdv_bias_tma = k.bias && k.tile == 64 && bias_tma_ok(k.dkdv_block_m);
+    k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
   } else {

@@ -71,9 +71,10 @@ struct KernelChoice {
   // dS over the group's heads before the d_bias workspace, which then has h_kv heads instead of h_q (dbias_ws_heads).
   bool dbias_group_sum = false;
   int64_t dbias_ws_heads(const Call& c) const { return dbias_group_sum ? c.h_kv : c.h_q; }
-  // kSm90Ws / DkvKernel::kSm90 (tile 64) with a 16-bit bias of unit key stride: the bias tiles are staged in shared
-  // memory by TMA with the K / V (forward) or Q / dO (dK dV) tiles (the launcher falls back to per-thread loads from
-  // global memory if the driver refuses the description or the strides / address are not 16-byte multiples).
+  // kSm90Ws (2 consumers) / DkvKernel::kSm90 with a 16-bit bias of unit key stride: the bias tiles are staged in
+  // shared memory by TMA, a ring beside K / V (forward), with each step's Q / dO (dK dV, tile 64) or one buffer
+  // loaded a step ahead (dK dV, tile 128); the launcher falls back to per-thread loads from global memory if the
+  // driver refuses the description or the address is not a 16-byte multiple.
   bool fwd_bias_tma = false, dkdv_bias_tma = false;
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles

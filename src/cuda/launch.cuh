@@ -245,9 +245,10 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
                                                 : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
         // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
         if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
-        // The staged bias tiles (tile 64 only: dispatch.cpp) after the group sum's accumulator.
-        if (kc.dkdv_bias_tma && (!kc.bias || HD != 64)) return cudaErrorInvalidValue;
-        const int smem = kc.dkdv_bias_tma ? Tr90::kSmemBias : kc.dbias_group_sum ? Tr90::kSmemDbiasSum : Tr90::kSmem;
+        // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
+        using Tr90B = sm90::DkvSm90Traits<HD, true>;
+        if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
+        const int smem = !kc.bias ? Tr90::kSmem : kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
         cudaError_t e = prepare_smem(kernel, smem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};

@@ -111,6 +111,39 @@ struct BiasPrefetch {
   }
 };
 
+// A bias tile staged in shared memory (as BiasPrefetch::load_smem), read where make_logits uses it instead of into
+// registers first: for kernels with no registers to hold the tile's words (the Hopper dK dV kernel at head dim 128).
+// The element offsets of fragment (nt, rr) are idx[rr][.] + nt * step (off must be linear in the fragment column
+// block, as sm90::sw_offset is: 8 more rows, the same swizzle phase).
+template <typename T, int NT, bool kTransposed = false>
+struct BiasSmemView {
+  const unsigned short* u = nullptr;
+  int idx[2][2] = {};
+  int step = 0;
+  bool on = false;
+
+  template <typename Off>
+  __device__ __forceinline__ void bind(const T* tile, Off off, int fr0, int fc0, int lane) {
+    on = true;
+    u = reinterpret_cast<const unsigned short*>(tile);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int fr = fr0 + g + 8 * rr, fc = fc0 + 2 * t + e;
+        idx[rr][e] = kTransposed ? off(fc, fr) : off(fr, fc);
+      }
+    const int fr = fr0 + g, fc = fc0 + 2 * t;
+    step = kTransposed ? off(fc + 8, fr) - off(fc, fr) : off(fr, fc + 8) - off(fr, fc);
+  }
+  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
+    const uint16_t lo = u[idx[rr][0] + nt * step], hi = u[idx[rr][1] + nt * step];
+    b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
+    b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
+  }
+};
+
 // The visible columns [lo[rr], hi[rr]) of fragment rows r0 and r0 + 8 (the mask of SPEC 2 is a band,
 // common/mask.hpp), in 64 bits: rows are queries (their keys) or, kTransposed, keys (their queries).
 template <bool kTransposed>
@@ -128,11 +161,10 @@ __device__ __forceinline__ void fragment_row_ranges(const Mask& mk, int r0, int 
 }
 
 // kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path). pre: the tile's bias,
-// prefetched (nullptr, or pre->on false: loaded here).
-template <typename T, int NT, bool kTransposed, bool kMayBias = true>
+// prefetched (a BiasPrefetch) or staged (a BiasSmemView) (nullptr, or pre->on false: loaded here).
+template <typename T, int NT, bool kTransposed, bool kMayBias = true, typename Pre = BiasPrefetch<T, NT, kTransposed>>
 __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, const Mask& mk, bool need_mask, int n,
-                                            int h, int row0, int col0, int lane,
-                                            const BiasPrefetch<T, NT, kTransposed>* pre = nullptr) {
+                                            int h, int row0, int col0, int lane, const Pre* pre = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   const bool has_bias = kMayBias && p.bias != nullptr;
   if (!need_mask && !has_bias) {  // common path (interior tile, no bias): branch-free scaling only

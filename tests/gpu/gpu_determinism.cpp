@@ -2,7 +2,9 @@
 // shapes where many key blocks add to every query block's dq (the GPT-OSS layers, MHA d 128, GQA with top-left
 // causal and s_q != s_kv, a two-sided window, varlen with seqused_kv), each run
 //   - with deterministic = 1 `--reps` times (default 4), outputs NaN-poisoned and the workspace filled with 0xFF
-//     before every run: dq, dk, dv, d_sinks must be bitwise identical across the runs;
+//     before every run: dq, dk, dv, d_sinks (and d_bias for the bias shapes: a 16-bit bias of the dtype of q,
+//     [1, 1, s_q, s_kv] or [b, h_q, s_q, s_kv], the Hopper kernels' staged bias tiles and the d_bias group sum) must
+//     be bitwise identical across the runs;
 //   - with deterministic = 0 once: the same gradients up to the order of the fp32 sums (max |det - nondet| within
 //     1% of max |nondet| per tensor, no NaN), so the ordered kernel computes what the atomic one does;
 // and the kernel choice of each pass is printed (sinkattn_query_backend). The GPU suite (gpu_suite.cpp) judges the
@@ -66,6 +68,7 @@ struct Case {
   // dense: b sequences of s_q x s_kv; varlen: the per-sequence lengths (and seqused_kv when non-empty)
   int b, s_q, s_kv;
   std::vector<int> len_q, len_kv, used_kv;
+  int bias = 0;  // 0 none, 1 [1, 1, s_q, s_kv], 2 [b, h_q, s_q, s_kv] (dense only)
 };
 
 struct Dev {
@@ -150,7 +153,7 @@ int run_case(const Case& c, int reps, bool time_it) {
     dv.alloc(n * 2);
     CK(cudaMemcpy(dv.p, h.data(), n * 2, cudaMemcpyHostToDevice));
   };
-  Dev q, k, v, dout, out, lse, dq, dk, dv, sinks, dsinks, cuq, cuk, used, ws;
+  Dev q, k, v, dout, out, lse, dq, dk, dv, sinks, dsinks, cuq, cuk, used, ws, bias, dbias;
   upload_random(q, nq);
   upload_random(k, nk);
   upload_random(v, nk);
@@ -205,6 +208,14 @@ int run_case(const Case& c, int reps, bool time_it) {
     p.dk = t(dk.p, c.dtype, {b, c.s_kv, c.h_kv, c.d});
     p.dv = t(dv.p, c.dtype, {b, c.s_kv, c.h_kv, c.d});
     p.softmax_lse = t(lse.p, SINKATTN_F32, {b, c.h_q, c.s_q});
+    if (c.bias != 0) {
+      const int64_t bb = c.bias == 2 ? b : 1, bh = c.bias == 2 ? c.h_q : 1;
+      const size_t nbias = static_cast<size_t>(bb * bh) * c.s_q * c.s_kv;
+      upload_random(bias, nbias);
+      dbias.alloc(nbias * 2);
+      p.bias = t(bias.p, c.dtype, {bb, bh, c.s_q, c.s_kv});
+      p.d_bias = t(dbias.p, c.dtype, {bb, bh, c.s_q, c.s_kv});
+    }
   }
   p.softmax_type = c.st;
   if (c.st == SINKATTN_SOFTMAX_LEARNABLE) {
@@ -244,9 +255,20 @@ int run_case(const Case& c, int reps, bool time_it) {
   }
   CK(cudaDeviceSynchronize());
 
-  Dev* grads[] = {&dq, &dk, &dv, &dsinks};
-  const char* names[] = {"dq", "dk", "dv", "d_sinks"};
-  const int ngrad = c.st == SINKATTN_SOFTMAX_LEARNABLE ? 4 : 3;
+  std::vector<Dev*> grads = {&dq, &dk, &dv};
+  std::vector<const char*> names = {"dq", "dk", "dv"};
+  std::vector<bool> is_f32 = {false, false, false};
+  if (c.st == SINKATTN_SOFTMAX_LEARNABLE) {
+    grads.push_back(&dsinks);
+    names.push_back("d_sinks");
+    is_f32.push_back(true);
+  }
+  if (c.bias != 0) {
+    grads.push_back(&dbias);
+    names.push_back("d_bias");
+    is_f32.push_back(false);
+  }
+  const int ngrad = static_cast<int>(grads.size());
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -292,8 +314,7 @@ int run_case(const Case& c, int reps, bool time_it) {
   float t_nd = 0;
   if (!backward(false, &t_nd)) return 1;
   for (int g = 0; g < ngrad; ++g) {
-    const bool f32 = g == 3;
-    const double r = rel_diff(first[g], grads[g]->host(), f32, bf16);
+    const double r = rel_diff(first[g], grads[g]->host(), is_f32[g], bf16);
     const bool ok = !std::isnan(r) && r <= 1e-2;
     std::printf("  %s: deterministic vs not, max |diff| / max |value| = %.3g%s\n", names[g], r, ok ? "" : "  FAIL");
     if (!ok) ++fails;
@@ -350,6 +371,8 @@ int main(int argc, char** argv) {
       {"varlen-seqused", SINKATTN_BF16, 8, 2, 64, -1, 0, BR, LRN, 0, 0, 0, {1, 700, 1500, 333}, {5, 900, 1500, 20},
        {5, 850, 1400, 0}},
       {"varlen-window", SINKATTN_F16, 6, 3, 128, 200, 0, BR, LRN, 0, 0, 0, {1100, 64, 1290}, {1300, 64, 1290}, {}},
+      {"gpt-oss-full-bias", SINKATTN_BF16, 64, 8, 64, -1, 0, BR, LRN, 1, 2048, 2048, {}, {}, {}, 1},
+      {"mha-d128-bias-per-head", SINKATTN_F16, 8, 8, 128, 500, 0, BR, LRN, 2, 1500, 1500, {}, {}, {}, 2},
   };
   int failed = 0, ran = 0;
   for (const Case& c : cases) {

@@ -69,7 +69,7 @@ struct Sm90Tma {
   int ok, dq_ok, bias_ok;
 };
 
-template <int HD>
+template <int HD, bool kBias_ = false>
 struct DkvSm90Traits {
   static constexpr int kThreads = 256;
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
@@ -77,19 +77,24 @@ struct DkvSm90Traits {
   static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
-  // boxes); LSE2, D [2][BM] fp32; 2 mbarriers (8 bytes each) for the TMA
-  // loads of the two buffers; room to align the base to 1024 bytes (the swizzled tiles)
-  static constexpr int kBarsOff =
-      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4 + 4 * kBlockM * 4;
-  static constexpr int kSmem = kBarsOff + 16 + 1024;
+  // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
+  // [2][BM] fp32; 3 mbarriers (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at head
+  // dim 128) and kDet's ticket (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
+  // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
+  // compiler pads every one of these kernels' static shared memory to 1024 bytes (cuobjdump -res-usage: SHARED
+  // 1024), the dynamic part starts 1024-aligned, and the kernel traps if it does not (227 KiB is the most a block
+  // may have, static included).
+  static constexpr int kBiasTile = kBlockM * kBlockN;
+  static constexpr int kBiasBufs = !kBias_ ? 0 : HD == 64 ? 2 : 1;
+  static constexpr int kBiasOff =
+      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
+  static constexpr int kBarsOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
+  static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
+  static constexpr int kSmem = kBarsOff + 32 + kSlack;
+  static_assert(HD > 128 || kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
   // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
   // floats) summed over the group in shared memory, [kBlockM / 2][kThreads] floats after the barriers.
   static constexpr int kSmemDbiasSum = kSmem + kThreads * (kBlockM / 2) * 4;
-  // kBias with the bias tiles staged by TMA (head dim 64: 179 KiB; at 128 there is room for one buffer only):
-  // sB [2][kBlockM * kBlockN] (rows = queries, swizzled row panels) after the group sum's floats, 1024-aligned.
-  static constexpr int kBiasTile = kBlockM * kBlockN;
-  static constexpr int kBiasOff = (kBarsOff + 16 + kThreads * (kBlockM / 2) * 4 + 1023) / 1024 * 1024;
-  static constexpr int kSmemBias = kBiasOff + 2 * kBiasTile * 2 + 1024;
 };
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
@@ -130,7 +135,7 @@ template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = fal
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkvSm90Traits<HD>;
+  using Tr = DkvSm90Traits<HD, kBias>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -139,23 +144,30 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
   T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
   float* sdQ = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM * HD] fp32 (1024-byte aligned)
-  float* sL = sdQ + 2 * BM * HD;                        // [2][BM] LSE2
+  T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
+  float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
-  float* sDb = reinterpret_cast<float*>(bars + 2);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
-  T* sB = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(sK) + Tr::kBiasOff);  // kBias, bias_smem: [2][BM * BN]
-  // kBias at head dim 64: each step's bias tile staged by TMA with its Q / dO (uniform over the launch).
-  const bool bias_smem = kBias && HD == 64 && tma.bias_ok != 0;
+  uint64_t* bias_bar = bars + 2;                     // kBias, one bias buffer: its TMA completion
+  unsigned* ticket = reinterpret_cast<unsigned*>(bars + 3);  // kDet
+  float* sDb = reinterpret_cast<float*>(bars + 4);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
+  if constexpr (Tr::kSlack == 0) {
+    if ((smem_addr(smem_raw) & 1023) != 0) __trap();
+  }
+  // kBias: each step's bias tile staged by TMA (uniform over the launch). Two buffers (head dim 64): with the step's
+  // Q / dO, on bars[buf]. One (128): on bias_bar, the next step's tile issued by thread 0 after the barrier that
+  // follows every thread's reads of this step's (the one before dQ), so it loads while dQ and dK run.
+  const bool bias_smem = kBias && tma.bias_ok != 0;
+  constexpr bool kBiasOneBuf = Tr::kBiasBufs == 1;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int g = lane >> 2, t = lane & 3;
   TileCoord tc;
   if constexpr (kDet) {  // the tile of this block's ticket: every block it will wait for holds a smaller one
-    __shared__ unsigned ticket;
-    if (tid == 0) ticket = atomicAdd(p.ws_dq_sem, 1u);
+    if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
     __syncthreads();
-    tc = tile_of_linear(ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
+    tc = tile_of_linear(*ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
   } else {
     tc = scheduled_tile(false);
   }
@@ -186,7 +198,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
   // block or a staged bias tile.
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
-  auto tma_step = [&](int i0) { return tma_block(i0) || bias_smem; };
+  auto tma_step = [&](int i0) { return tma_block(i0) || (bias_smem && !kBiasOneBuf); };
   // The same for the dq adds: a full block's tile goes to sdQ and, after the next barrier, to ws_dq by TMA
   // reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial block adds
   // with atomics (a box would add to the next sequence's rows).
@@ -203,26 +215,33 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   if (tid == 0) {
     mbar_init(&bars[0], 1);
     mbar_init(&bars[1], 1);
+    mbar_init(bias_bar, 1);
   }
   __syncthreads();
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
 
+  // The bias tile of query head h, queries i0 .., keys j0 .. (zeros outside the tensor) into buffer buf, completing
+  // on bar (thread 0; the caller arms bar).
+  auto issue_bias = [&](int buf, int h, int i0, uint64_t* bar) {
+#pragma unroll
+    for (int c = 0; c < BN / 64; ++c)
+      tma_load_4d(sB + buf * Tr::kBiasTile + c * BM * 64, &tma.bias, j0 + c * 64, i0, p.bias_shape_h == 1 ? 0 : h,
+                  p.bias_shape_b == 1 ? 0 : n, bar);
+  };
+  auto issue_bias_one = [&](int ih, int iq) {  // one buffer: step (ih, iq)'s tile on bias_bar
+    mbar_arrive_expect_tx(bias_bar, Tr::kBiasTile * sizeof(T));
+    issue_bias(0, hk * p.group + ih, (qb_lo + iq) * BM, bias_bar);
+  };
   RowStatsPrefetch<BM> pf;
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
-    // One arrival (thread 0) with the bytes of every box of the step: Q, dO and / or the bias tile.
-    if (tid == 0 && tma_step(i0))
-      mbar_arrive_expect_tx(&bars[buf], (tma_block(i0) ? 2 * BM * HD * sizeof(T) : 0) +
-                                            (bias_smem ? Tr::kBiasTile * sizeof(T) : 0));
-    if (bias_smem && tid == 0) {  // queries i0 .., keys j0 .. (zeros outside the tensor)
-#pragma unroll
-      for (int c = 0; c < BN / 64; ++c)
-        tma_load_4d(sB + buf * Tr::kBiasTile + c * BM * 64, &tma.bias, j0 + c * 64, i0,
-                    p.bias_shape_h == 1 ? 0 : h, p.bias_shape_b == 1 ? 0 : n, &bars[buf]);
-    }
+    // One arrival (thread 0) with the bytes of every box of the step on bars[buf]: Q, dO and / or the bias tile.
+    const bool bias_here = kBias && !kBiasOneBuf && bias_smem;
+    const uint32_t bias_bytes = bias_here ? Tr::kBiasTile * sizeof(T) : 0u;
     if (tma_block(i0)) {
       if (tid == 0) {
+        mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T) + bias_bytes);
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
         for (int c = 0; c < HD / 64; ++c) {
@@ -235,13 +254,16 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
       load_tile_sw<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
       load_tile_sw<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      if (bias_here && tid == 0) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
     }
+    if (bias_here && tid == 0) issue_bias(buf, h, i0, &bars[buf]);
     pf.load(p, sq, n, h, i0, tid);
   };
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
     issue(0, ih, iq);
+    if (kBiasOneBuf && bias_smem && tid == 0) issue_bias_one(ih, iq);
     pf.store(sL, sD, 0, tid);
   }
   cp_async_commit();
@@ -322,23 +344,35 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       wgmma_commit();
       uint64_t keep = 0;  // kDropout: bit 4 nt + e keeps element (nt, e)
       if constexpr (kDropout) keep = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
-      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run (at 128 the registers are spent),
-      // from the staged tile (bias_smem) or from global memory.
+      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run, from the staged tile (bias_smem)
+      // or from global memory. At 128 the registers are spent: make_logits reads the staged tile where it uses it
+      // (BiasSmemView; step it's tile is the it-th completion of bias_bar), or loads from global memory.
       constexpr bool kPrefetch = kBias && HD == 64;
+      const auto bias_off = [](int r, int c) { return sw_offset<BM>(r, c); };
       BiasPrefetch<T, NT, true> bias;
+      BiasSmemView<T, NT, true> bias_view;  // head dim 128, staged
       if constexpr (kPrefetch) {
         if (bias_smem)
-          bias.load_smem(sB + buf * Tr::kBiasTile, [](int r, int c) { return sw_offset<BM>(r, c); },
-                         key_w - j0, 0, lane);
+          bias.load_smem(sB + buf * Tr::kBiasTile, bias_off, key_w - j0, 0, lane);
         else
           bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
       }
       wgmma_wait<1>();  // S^T
       fence_acc(s);
+      if constexpr (kBias && kBiasOneBuf) {
+        if (bias_smem) {
+          mbar_wait(bias_bar, static_cast<uint32_t>(it & 1));
+          bias_view.bind(sB, bias_off, key_w - j0, 0, lane);
+        }
+      }
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
       const bool fold = !need_mask && !kBias;
-      if (!fold)
-        make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr);
+      if (!fold) {
+        if constexpr (kBias && kBiasOneBuf)
+          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, &bias_view);
+        else
+          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr);
+      }
       const float sc = fold ? p.scale_log2 : 1.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -420,6 +454,10 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     }
     fence_proxy_async();
     __syncthreads();
+    // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
+    if constexpr (kBias && kBiasOneBuf) {
+      if (bias_smem && prefetch && tid == 0) issue_bias_one(ih_next, iq_next);
+    }
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
     // Warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product.
     {
