@@ -198,8 +198,9 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
 TEST(CudaDispatch, BiasAndDropoutVariants) {
   Call c = make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1, true);
   c.plan.bias = Use::kRequired;
-  // Bias on Hopper: the bias variants of the warp-specialised forward (2 consumers at both tiles unless the switch asks
-  // for 3 at tile 64) and of the dK dV kernel, which writes dS for d_bias; dq fused as without a bias.
+  // Bias on Hopper: the bias variants of the warp-specialised forward (a bias it cannot stage, as this fp32 one: 2
+  // consumers at both tiles unless the switch asks for 3 at tile 64) and of the dK dV kernel, which writes dS for
+  // d_bias; dq fused as without a bias.
   KernelChoice k = choose_kernels(c, kH200, Switches{});
   EXPECT_TRUE(k.bias);
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
@@ -215,9 +216,11 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   c64.plan.bias = Use::kRequired;
   k = choose_kernels(c64, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
-  EXPECT_EQ(k.fwd_consumers, 2);  // measured faster with a bias than 3 (the bias prefetch needs the registers)
-  Switches three;
+  EXPECT_EQ(k.fwd_consumers, 2);  // fp32 bias, loaded per thread: the registers for its prefetch
+  Switches two, three;
+  two.fwd_ws = 2;
   three.fwd_ws = 3;
+  EXPECT_EQ(choose_kernels(c64, kH200, two).fwd_consumers, 2);
   EXPECT_EQ(choose_kernels(c64, kH200, three).fwd_consumers, 3);
   EXPECT_FALSE(k.dbias_group_sum);  // a group of one head
   // GQA with a bias broadcast over the heads at tile 64: the dK dV kernel sums dS over each KV group; the d_bias
@@ -241,13 +244,15 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_FALSE(choose_kernels(gqa, kH200, Switches{}).dbias_group_sum);
   EXPECT_FALSE(choose_kernels(gqa, kA100, Switches{}).dbias_group_sum);
   // Bias tiles staged by TMA: a 16-bit bias of unit key stride and 16-byte rows (both passes, both tiles); an fp32
-  // bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA, 3 consumers: per-thread loads.
+  // bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA: per-thread loads.
   Call tb = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
   tb.plan.bias = Use::kRequired;
   tb.bias_dtype = SINKATTN_BF16;
   tb.bias = BiasStrides{0, 0, 4096, 1};
   k = choose_kernels(tb, kH200, Switches{});
   EXPECT_TRUE(k.fwd_bias_tma);
+  EXPECT_EQ(k.fwd_consumers, 3);  // staged: as without a bias (the tile read where it is used)
+  EXPECT_EQ(k.fwd_block_m, 192);
   EXPECT_TRUE(k.dkdv_bias_tma);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "persistent, bias tiles by TMA)"));
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, bias tiles by TMA; dS summed over each KV group"));
@@ -256,7 +261,7 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).fwd_bias_tma);
   EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).dkdv_bias_tma);
   EXPECT_TRUE(has(choose_kernels(tb, kH200, no_btma).summary(Pass::kForward), "persistent, bias)"));
-  EXPECT_FALSE(choose_kernels(tb, kH200, three).fwd_bias_tma);  // 3 consumers: no registers to spare
+  EXPECT_TRUE(choose_kernels(tb, kH200, three).fwd_bias_tma);  // 3 consumers: read where used
   Switches no_tma;
   no_tma.no_tma = true;
   EXPECT_FALSE(choose_kernels(tb, kH200, no_tma).fwd_bias_tma);

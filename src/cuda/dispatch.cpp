@@ -16,10 +16,11 @@ std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
 // consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
 bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
-int ws_consumers(int tile, const Switches& sw, bool bias) {
+// unstaged_bias: a bias the kernel cannot stage by TMA (loaded per thread from global memory).
+int ws_consumers(int tile, const Switches& sw, bool unstaged_bias) {
   if (sw.fwd_ws == 2) return 2;
   if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
-  return bias ? tiles::sm90_ws_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
+  return unstaged_bias ? tiles::sm90_ws_unstaged_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
 }
 
 bool env_on(const char* name) {
@@ -118,7 +119,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   } else if (no90.empty() && k.fwd_why.empty()) {
     if (ws_on(k.tile, sw)) {
       k.fwd = FwdKernel::kSm90Ws;
-      k.fwd_consumers = ws_consumers(k.tile, sw, bias);
+      const bool staged = bias_tma_ok(64 * tiles::sm90_ws_default_consumers(k.tile));
+      k.fwd_consumers = ws_consumers(k.tile, sw, bias && !staged);
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::kSm90WsBlockN;
       k.fwd_persistent = sw.fwd_ws_persistent;
@@ -129,8 +131,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     }
     // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map).
     k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
-    // With 3 consumers (SINKATTN_CUDA_FWD_WS=3) the registers are spent: bias loads from global memory there.
-    k.fwd_bias_tma = k.bias && k.fwd == FwdKernel::kSm90Ws && k.fwd_consumers == 2 && bias_tma_ok(k.fwd_block_m);
+    k.fwd_bias_tma = k.bias && k.fwd == FwdKernel::kSm90Ws && bias_tma_ok(k.fwd_block_m);
   } else {
     if (k.fwd_why.empty()) k.fwd_why = no90;
     k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;

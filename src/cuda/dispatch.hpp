@@ -71,7 +71,7 @@ struct KernelChoice {
   // dS over the group's heads before the d_bias workspace, which then has h_kv heads instead of h_q (dbias_ws_heads).
   bool dbias_group_sum = false;
   int64_t dbias_ws_heads(const Call& c) const { return dbias_group_sum ? c.h_kv : c.h_q; }
-  // kSm90Ws (2 consumers) / DkvKernel::kSm90 with a 16-bit bias of unit key stride: the bias tiles are staged in
+  // kSm90Ws / DkvKernel::kSm90 with a 16-bit bias of unit key stride: the bias tiles are staged in
   // shared memory by TMA, a ring beside K / V (forward), with each step's Q / dO (dK dV, tile 64) or one buffer
   // loaded a step ahead (dK dV, tile 128); the launcher falls back to per-thread loads from global memory if the
   // driver refuses the description or the address is not a 16-byte multiple.

@@ -112,33 +112,37 @@ struct BiasPrefetch {
 };
 
 // A bias tile staged in shared memory (as BiasPrefetch::load_smem), read where make_logits uses it instead of into
-// registers first: for kernels with no registers to hold the tile's words (the Hopper dK dV kernel at head dim 128).
-// The element offsets of fragment (nt, rr) are idx[rr][.] + nt * step (off must be linear in the fragment column
-// block, as sm90::sw_offset is: 8 more rows, the same swizzle phase).
-template <typename T, int NT, bool kTransposed = false>
+// registers first: for kernels with no registers to hold the tile's words (the Hopper dK dV kernel at head dim 128,
+// the warp-specialised forward with 3 consumers). Off: the staged tile's element offset of (r, c) (rows = queries),
+// e.g. sm90::sw_offset, evaluated per element (its swizzle is not linear in the column: chunk ^ (row % 8)).
+template <typename T, int NT, bool kTransposed, typename Off>
 struct BiasSmemView {
+  Off off;
   const unsigned short* u = nullptr;
-  int idx[2][2] = {};
-  int step = 0;
+  int fr0 = 0, fc0 = 0, g = 0, t = 0;
   bool on = false;
 
-  template <typename Off>
-  __device__ __forceinline__ void bind(const T* tile, Off off, int fr0, int fc0, int lane) {
+  __device__ __forceinline__ explicit BiasSmemView(Off o) : off(o) {}
+  // This warp's first fragment row / column within the tile (kTransposed: fragment rows are the tile's columns).
+  __device__ __forceinline__ void bind(const T* tile, int fr0_, int fc0_, int lane) {
     on = true;
     u = reinterpret_cast<const unsigned short*>(tile);
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int fr = fr0 + g + 8 * rr, fc = fc0 + 2 * t + e;
-        idx[rr][e] = kTransposed ? off(fc, fr) : off(fr, fc);
-      }
-    const int fr = fr0 + g, fc = fc0 + 2 * t;
-    step = kTransposed ? off(fc + 8, fr) - off(fc, fr) : off(fr, fc + 8) - off(fr, fc);
+    fr0 = fr0_;
+    fc0 = fc0_;
+    g = lane >> 2;
+    t = lane & 3;
   }
   __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
-    const uint16_t lo = u[idx[rr][0] + nt * step], hi = u[idx[rr][1] + nt * step];
+    const int fr = fr0 + g + 8 * rr, fc = fc0 + nt * 8 + 2 * t;
+    uint16_t lo, hi;
+    if constexpr (!kTransposed) {  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
+      lo = static_cast<uint16_t>(v & 0xffffu);
+      hi = static_cast<uint16_t>(v >> 16);
+    } else {  // (fc, fr) and (fc + 1, fr): two rows of the tile
+      lo = u[off(fc, fr)];
+      hi = u[off(fc + 1, fr)];
+    }
     b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
     b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
   }

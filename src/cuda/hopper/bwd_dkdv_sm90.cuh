@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       constexpr bool kPrefetch = kBias && HD == 64;
       const auto bias_off = [](int r, int c) { return sw_offset<BM>(r, c); };
       BiasPrefetch<T, NT, true> bias;
-      BiasSmemView<T, NT, true> bias_view;  // head dim 128, staged
+      BiasSmemView<T, NT, true, decltype(bias_off)> bias_view(bias_off);  // head dim 128, staged
       if constexpr (kPrefetch) {
         if (bias_smem)
           bias.load_smem(sB + buf * Tr::kBiasTile, bias_off, key_w - j0, 0, lane);
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       if constexpr (kBias && kBiasOneBuf) {
         if (bias_smem) {
           mbar_wait(bias_bar, static_cast<uint32_t>(it & 1));
-          bias_view.bind(sB, bias_off, key_w - j0, 0, lane);
+          bias_view.bind(sB, key_w - j0, 0, lane);
         }
       }
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);

@@ -50,11 +50,12 @@ __device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t
 // Mask / scale and the online-softmax step of the key block starting at key j0, for the warp whose 16 query rows
 // start at row_w (within the sequence): s becomes P, alpha the factors for O. Interior tiles keep the raw Q.K
 // products and fold the scale into the exp2 argument (OnlineSoftmax::step). kBias: the kernel variant for calls with a
-// bias (make_logits adds it, from pre when the kernel prefetched it; no tile folds).
-template <typename T, bool kBias = false, int NT>
+// bias (make_logits adds it, from pre when the kernel prefetched it (a BiasPrefetch) or staged it (a BiasSmemView);
+// no tile folds).
+template <typename T, bool kBias = false, int NT, typename Pre = BiasPrefetch<T, NT>>
 __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
                                                  const Params& p, const Mask& mk, int n, int h, int row_w, int j0,
-                                                 int lane, const BiasPrefetch<T, NT>* pre = nullptr) {
+                                                 int lane, const Pre* pre = nullptr) {
   const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, NT * 8);
   const bool fold = !need_mask && !kBias && p.scale_log2 > 0.f;
   if (!fold) make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre);

@@ -44,12 +44,11 @@ struct FwdWsTraits {
   static constexpr int kStages = 2;               // K and V buffers each
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
-  // kBias with 2 consumers: the bias tiles staged by TMA (Sm90FwdTma::bias_ok), sB [S][kBlockM * kBlockN] in the
-  // swizzled row-panel layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most).
-  // With 3 (SINKATTN_CUDA_FWD_WS=3 only) make_logits loads from global memory: reading the staged tile into
-  // registers there spilled 270 bytes.
+  // kBias: the bias tiles staged by TMA (Sm90FwdTma::bias_ok), sB [S][kBlockM * kBlockN] in the swizzled row-panel
+  // layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most), 184.1 KiB with 3
+  // consumers at 64.
   static constexpr int kBiasTile = kBlockM * kBlockN;
-  static constexpr int kBiasStages = kBias_ && kNC == 2 ? kStages : 0;
+  static constexpr int kBiasStages = kBias_ ? kStages : 0;
   // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S])
   static constexpr int kBars = 2 + 4 * kStages + 2 * kBiasStages;
   static constexpr int kSmem =
@@ -282,10 +281,13 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
         // kBias with 2 consumers: the block's bias, loaded after its S is issued and before it is waited for. With 3
         // (128 registers a thread) the 32 words spilled (a 248-byte stack) and the forward took 3.81 ms against
         // 2.68 at GPT-OSS full (bench/RESULTS.md 2026-12-01, fifth session): make_logits loads it there.
-        // A staged bias tile (bias_smem, 2 consumers) is read from shared memory into the same registers after S is
-        // issued; its buffer is released after the softmax step.
+        // A staged bias tile (bias_smem) is read from shared memory: into the same registers after S is issued
+        // with 2 consumers; with 3 (128 registers a thread: reading the tile into registers there spilled 270 bytes)
+        // where make_logits uses it (BiasSmemView). Its buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
         BiasPrefetch<T, NT> bias;
+        const auto bias_off = [](int r, int cc) { return sw_offset<BM>(r, cc); };
+        BiasSmemView<T, NT, false, decltype(bias_off)> bias_view(bias_off);
         auto stage_bias = [&](int i) {
           const int bi = it + i;
           mbar_wait(&b_full[bi % S], full_parity(bi));
@@ -299,9 +301,18 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
           }
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
-                                     kPrefetch ? &bias : nullptr);
-          if constexpr (kPrefetch) {
+          if constexpr (kBias && !kPrefetch) {
+            if (bias_smem) {
+              const int bi = it + i;
+              mbar_wait(&b_full[bi % S], full_parity(bi));
+              bias_view.bind(sB + (bi % S) * Tr::kBiasTile, c * 64 + wl * 16, 0, lane);
+            }
+            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane, &bias_view);
+          } else {
+            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                       kPrefetch ? &bias : nullptr);
+          }
+          if constexpr (kBias) {
             if (bias_smem) release(&b_empty[(it + i) % S]);
           }
         };
