@@ -12,6 +12,14 @@
 
 namespace sinkattn::cuda {
 
+// The two 16-bit bias elements of a word (low half first) as floats.
+template <typename T>
+__device__ __forceinline__ void unpack_bias_word(uint32_t v, float& b0, float& b1) {
+  const uint16_t lo = static_cast<uint16_t>(v & 0xffffu), hi = static_cast<uint16_t>(v >> 16);
+  b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
+  b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
+}
+
 // Two adjacent elements of the bias (or any T / fp32 row) as one 4-byte (fp32: 8-byte) load.
 template <typename E>
 struct alignas(2 * sizeof(E)) ElemPair {
@@ -79,42 +87,26 @@ struct BiasPrefetch {
       }
     }
   }
-  // The same words from a bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows =
-  // queries, columns = keys, the bias's own layout, 16-bit elements; off(r, c) is the element offset of (r, c) in the
-  // staged tile, e.g. sm90::sw_offset). fr0 / fc0: this warp's first fragment row / column within the tile (kTransposed:
-  // fragment rows are the tile's columns). Elements outside the tensor were zero-filled by TMA; those past a sequence's
-  // end are the bias's own (make_logits never uses them: they are masked).
-  template <typename Off>
-  __device__ __forceinline__ void load_smem(const T* tile, Off off, int fr0, int fc0, int lane) {
+  // The same words from a bias tile staged in shared memory (BiasSmemView below: the TMA-staged bias of the Hopper
+  // kernels), all read here, after the tile's S is issued.
+  template <typename View>
+  __device__ __forceinline__ void load_smem(const View& view) {
     on = true;
-    const int g = lane >> 2, t = lane & 3;
-    const unsigned short* u = reinterpret_cast<const unsigned short*>(tile);
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int fr = fr0 + g + 8 * rr;
+    for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int fc = fc0 + nt * 8 + 2 * t;
-        if constexpr (!kTransposed) {  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
-          w[nt][rr] = *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
-        } else {  // (fc, fr) and (fc + 1, fr): two rows of the tile
-          w[nt][rr] = static_cast<uint32_t>(u[off(fc, fr)]) | (static_cast<uint32_t>(u[off(fc + 1, fr)]) << 16);
-        }
-      }
-    }
+      for (int nt = 0; nt < NT; ++nt) w[nt][rr] = view.word(nt, rr);
   }
-  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
-    const uint32_t v = w[nt][rr];
-    const uint16_t lo = static_cast<uint16_t>(v & 0xffffu), hi = static_cast<uint16_t>(v >> 16);
-    b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
-    b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
-  }
+  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const { unpack_bias_word<T>(w[nt][rr], b0, b1); }
 };
 
-// A bias tile staged in shared memory (as BiasPrefetch::load_smem), read where make_logits uses it instead of into
-// registers first: for kernels with no registers to hold the tile's words (the Hopper dK dV kernel at head dim 128,
-// the warp-specialised forward with 3 consumers). Off: the staged tile's element offset of (r, c) (rows = queries),
-// e.g. sm90::sw_offset, evaluated per element (its swizzle is not linear in the column: chunk ^ (row % 8)).
+// A bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows = queries, columns = keys, the
+// bias's own layout, 16-bit elements), read where make_logits uses it: for kernels with no registers to hold the
+// tile's words (the Hopper dK dV kernel at head dim 128, the warp-specialised forward with 3 consumers); the others
+// read every word first (BiasPrefetch::load_smem). Off: the staged tile's element offset of (r, c), e.g.
+// sm90::sw_offset, evaluated per element (its swizzle is not linear in the column: chunk ^ (row % 8)). Elements outside
+// the tensor were zero-filled by TMA; those past a sequence's end are the bias's own (make_logits never uses them:
+// they are masked).
 template <typename T, int NT, bool kTransposed, typename Off>
 struct BiasSmemView {
   Off off;
@@ -132,19 +124,16 @@ struct BiasSmemView {
     g = lane >> 2;
     t = lane & 3;
   }
-  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
+  // Fragment elements (nt, 2 rr) and (nt, 2 rr + 1) as one word (low half first).
+  __device__ __forceinline__ uint32_t word(int nt, int rr) const {
     const int fr = fr0 + g + 8 * rr, fc = fc0 + nt * 8 + 2 * t;
-    uint16_t lo, hi;
-    if constexpr (!kTransposed) {  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
-      const uint32_t v = *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
-      lo = static_cast<uint16_t>(v & 0xffffu);
-      hi = static_cast<uint16_t>(v >> 16);
-    } else {  // (fc, fr) and (fc + 1, fr): two rows of the tile
-      lo = u[off(fc, fr)];
-      hi = u[off(fc + 1, fr)];
-    }
-    b0 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&lo));
-    b1 = ElemTraits<T>::to_float(*reinterpret_cast<const T*>(&hi));
+    if constexpr (!kTransposed)  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
+      return *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
+    else  // (fc, fr) and (fc + 1, fr): two rows of the tile
+      return static_cast<uint32_t>(u[off(fc, fr)]) | (static_cast<uint32_t>(u[off(fc + 1, fr)]) << 16);
+  }
+  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
+    unpack_bias_word<T>(word(nt, rr), b0, b1);
   }
 };
 

@@ -350,12 +350,14 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       constexpr bool kPrefetch = kBias && HD == 64;
       const auto bias_off = [](int r, int c) { return sw_offset<BM>(r, c); };
       BiasPrefetch<T, NT, true> bias;
-      BiasSmemView<T, NT, true, decltype(bias_off)> bias_view(bias_off);  // head dim 128, staged
+      BiasSmemView<T, NT, true, decltype(bias_off)> bias_view(bias_off);  // a staged tile
       if constexpr (kPrefetch) {
-        if (bias_smem)
-          bias.load_smem(sB + buf * Tr::kBiasTile, bias_off, key_w - j0, 0, lane);
-        else
+        if (bias_smem) {
+          bias_view.bind(sB + buf * Tr::kBiasTile, key_w - j0, 0, lane);
+          bias.load_smem(bias_view);
+        } else {
           bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
+        }
       }
       wgmma_wait<1>();  // S^T
       fence_acc(s);

@@ -278,35 +278,33 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
         auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
           fwd_issue_pv<T>(acc, ap, sV + (v_it % S) * BN * HD);
         };
-        // kBias with 2 consumers: the block's bias, loaded after its S is issued and before it is waited for. With 3
-        // (128 registers a thread) the 32 words spilled (a 248-byte stack) and the forward took 3.81 ms against
-        // 2.68 at GPT-OSS full (bench/RESULTS.md 2026-12-01, fifth session): make_logits loads it there.
-        // A staged bias tile (bias_smem) is read from shared memory: into the same registers after S is issued
-        // with 2 consumers; with 3 (128 registers a thread: reading the tile into registers there spilled 270 bytes)
-        // where make_logits uses it (BiasSmemView). Its buffer is released after the softmax step.
+        // kBias with 2 consumers: the block's bias, read into registers after its S is issued and before it is
+        // waited for: from the staged tile (bias_smem) or from global memory. With 3 (128 registers a thread) the 32
+        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, fifth
+        // session): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
+        // A staged tile's buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
         BiasPrefetch<T, NT> bias;
         const auto bias_off = [](int r, int cc) { return sw_offset<BM>(r, cc); };
         BiasSmemView<T, NT, false, decltype(bias_off)> bias_view(bias_off);
-        auto stage_bias = [&](int i) {
+        auto stage_bias = [&](int i) {  // waits for block i's staged tile (ring position it + i), views it
           const int bi = it + i;
           mbar_wait(&b_full[bi % S], full_parity(bi));
-          bias.load_smem(sB + (bi % S) * Tr::kBiasTile, [](int r, int cc) { return sw_offset<BM>(r, cc); },
-                         c * 64 + wl * 16, 0, lane);
+          bias_view.bind(sB + (bi % S) * Tr::kBiasTile, c * 64 + wl * 16, 0, lane);
         };
         auto prefetch_bias = [&](int i) {
           if constexpr (kPrefetch) {
-            if (bias_smem) stage_bias(i);
-            else bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+            if (bias_smem) {
+              stage_bias(i);
+              bias.load_smem(bias_view);
+            } else {
+              bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+            }
           }
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
           if constexpr (kBias && !kPrefetch) {
-            if (bias_smem) {
-              const int bi = it + i;
-              mbar_wait(&b_full[bi % S], full_parity(bi));
-              bias_view.bind(sB + (bi % S) * Tr::kBiasTile, c * 64 + wl * 16, 0, lane);
-            }
+            if (bias_smem) stage_bias(i);
             fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane, &bias_view);
           } else {
             fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
