@@ -97,7 +97,9 @@ struct BiasPrefetch {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) w[nt][rr] = view.word(nt, rr);
   }
-  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const { unpack_bias_word<T>(w[nt][rr], b0, b1); }
+  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
+    unpack_bias_word<T>(w[nt][rr], b0, b1);
+  }
 };
 
 // A bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows = queries, columns = keys, the

@@ -183,7 +183,8 @@ struct Config {
       << " s_q=" << s_q << " s_kv=" << s_kv << " h=" << h_q << "/" << h_kv << " d=" << d << "/" << d_v
       << " mode=" << (mode == 0 ? "dense" : mode == 1 ? "padded" : "varlen") << (used_kv.empty() ? "" : "+seqused")
       << " st=" << st << " win=(" << wl << "," << wr << ") align=" << align << " p=" << p << " bias=" << bias
-      << (bias.empty() ? "" : bias_f32 ? "/f32" : "/lowp") << (bias_masked_nan ? "+nan-masked" : "") << " grad=" << grad << " dlse=" << d_lse
+      << (bias.empty() ? "" : bias_f32 ? "/f32" : "/lowp") << (bias_masked_nan ? "+nan-masked" : "")
+      << " grad=" << grad << " dlse=" << d_lse
       << " det=" << deterministic << " layout=" << layout << "]";
     if (!len_q.empty()) {  // per-sequence lengths (padded / varlen), to reproduce a failure
       o << " len_q=";

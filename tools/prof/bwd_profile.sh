@@ -10,7 +10,8 @@
 # $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
 #      KERNEL (the kernel the details and SASS pages profile, an ncu -k filter; default regex:bwd_dkdv_sm90; e.g.
-#      regex:fwd_sm90_ws for the forward of the bias rows), KERNELS_ONLY=1 (only the per-kernel durations), PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
+#      regex:fwd_sm90_ws for the forward of the bias rows), KERNELS_ONLY=1 (only the per-kernel durations),
+#      PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
 # ncu gets --clock-control none (device/METHOD.md: leave the clocks alone).
 set -u
 cd "$(dirname "$0")/../.."
