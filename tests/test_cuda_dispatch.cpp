@@ -198,9 +198,9 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
 TEST(CudaDispatch, BiasAndDropoutVariants) {
   Call c = make_call(SINKATTN_F16, 128, 1024, 8, 8, -1, -1, true);
   c.plan.bias = Use::kRequired;
-  // Bias on Hopper: the bias variants of the warp-specialised forward (a bias it cannot stage, as this fp32 one: 2
-  // consumers at both tiles unless the switch asks for 3 at tile 64) and of the dK dV kernel, which writes dS for
-  // d_bias; dq fused as without a bias.
+  // Bias on Hopper: the bias variants of the warp-specialised forward (2 consumers at both tiles, staged or not,
+  // unless the switch asks for 3 at tile 64) and of the dK dV kernel, which writes dS for d_bias; dq fused as without
+  // a bias.
   KernelChoice k = choose_kernels(c, kH200, Switches{});
   EXPECT_TRUE(k.bias);
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
@@ -251,8 +251,8 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   tb.bias = BiasStrides{0, 0, 4096, 1};
   k = choose_kernels(tb, kH200, Switches{});
   EXPECT_TRUE(k.fwd_bias_tma);
-  EXPECT_EQ(k.fwd_consumers, 3);  // staged: as without a bias (the tile read where it is used)
-  EXPECT_EQ(k.fwd_block_m, 192);
+  EXPECT_EQ(k.fwd_consumers, 2);  // staged: the tile's words read into registers (ldmatrix) after S is issued
+  EXPECT_EQ(k.fwd_block_m, 128);
   EXPECT_TRUE(k.dkdv_bias_tma);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "persistent, bias tiles by TMA)"));
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, bias tiles by TMA; dS summed over each KV group"));

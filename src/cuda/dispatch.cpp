@@ -16,11 +16,11 @@ std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
 // consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
 bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
-// unstaged_bias: a bias the kernel cannot stage by TMA (loaded per thread from global memory).
-int ws_consumers(int tile, const Switches& sw, bool unstaged_bias) {
+// bias: the kernel's bias variant (staged by TMA or not).
+int ws_consumers(int tile, const Switches& sw, bool bias) {
   if (sw.fwd_ws == 2) return 2;
   if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
-  return unstaged_bias ? tiles::sm90_ws_unstaged_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
+  return bias ? tiles::sm90_ws_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
 }
 
 bool env_on(const char* name) {
@@ -119,8 +119,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   } else if (no90.empty() && k.fwd_why.empty()) {
     if (ws_on(k.tile, sw)) {
       k.fwd = FwdKernel::kSm90Ws;
-      const bool staged = bias_tma_ok(64 * tiles::sm90_ws_default_consumers(k.tile));
-      k.fwd_consumers = ws_consumers(k.tile, sw, bias && !staged);
+      k.fwd_consumers = ws_consumers(k.tile, sw, bias);
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::kSm90WsBlockN;
       k.fwd_persistent = sw.fwd_ws_persistent;

@@ -93,27 +93,34 @@ struct BiasPrefetch {
   __device__ __forceinline__ void load_smem(const View& view) {
     on = true;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
+    for (int k = 0; k < NT / 2; ++k) {
+      uint32_t q[4];
+      view.words4(k, q);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) w[nt][rr] = view.word(nt, rr);
+      for (int m = 0; m < 4; ++m) w[2 * k + (m >> 1)][m & 1] = q[m];
+    }
   }
-  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
-    unpack_bias_word<T>(w[nt][rr], b0, b1);
+  // Words (2k, 0), (2k, 1), (2k + 1, 0), (2k + 1, 1): make_logits reads them four at a time (a staged tile's come
+  // from one ldmatrix).
+  __device__ __forceinline__ void words4(int k, uint32_t (&q)[4]) const {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) q[m] = w[2 * k + (m >> 1)][m & 1];
   }
 };
 
 // A bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows = queries, columns = keys, the
 // bias's own layout, 16-bit elements), read where make_logits uses it: for kernels with no registers to hold the
 // tile's words (the Hopper dK dV kernel at head dim 128, the warp-specialised forward with 3 consumers); the others
-// read every word first (BiasPrefetch::load_smem). Off: the staged tile's element offset of (r, c), e.g.
-// sm90::sw_offset, evaluated per element (its swizzle is not linear in the column: chunk ^ (row % 8)). Elements outside
+// read every word first (BiasPrefetch::load_smem). Both read four words per ldmatrix (words4). Off: the staged tile's
+// element offset of (r, c), e.g. sm90::sw_offset, evaluated per 16-byte chunk (c a multiple of 8: its swizzle is not
+// linear in the column, chunk ^ (row % 8), but keeps a chunk's 8 elements together). Elements outside
 // the tensor were zero-filled by TMA; those past a sequence's end are the bias's own (make_logits never uses them:
 // they are masked).
 template <typename T, int NT, bool kTransposed, typename Off>
 struct BiasSmemView {
   Off off;
   const unsigned short* u = nullptr;
-  int fr0 = 0, fc0 = 0, g = 0, t = 0;
+  int fr0 = 0, fc0 = 0, lane_ = 0;
   bool on = false;
 
   __device__ __forceinline__ explicit BiasSmemView(Off o) : off(o) {}
@@ -123,19 +130,21 @@ struct BiasSmemView {
     u = reinterpret_cast<const unsigned short*>(tile);
     fr0 = fr0_;
     fc0 = fc0_;
-    g = lane >> 2;
-    t = lane & 3;
+    lane_ = lane;
   }
-  // Fragment elements (nt, 2 rr) and (nt, 2 rr + 1) as one word (low half first).
-  __device__ __forceinline__ uint32_t word(int nt, int rr) const {
-    const int fr = fr0 + g + 8 * rr, fc = fc0 + nt * 8 + 2 * t;
-    if constexpr (!kTransposed)  // (fr, fc) and (fr, fc + 1): one word (fc even, in one 16-byte chunk)
-      return *reinterpret_cast<const uint32_t*>(u + off(fr, fc));
-    else  // (fc, fr) and (fc + 1, fr): two rows of the tile
-      return static_cast<uint32_t>(u[off(fc, fr)]) | (static_cast<uint32_t>(u[off(fc + 1, fr)]) << 16);
-  }
-  __device__ __forceinline__ void get(int nt, int rr, float& b0, float& b1) const {
-    unpack_bias_word<T>(word(nt, rr), b0, b1);
+  // Words (2k, 0), (2k, 1), (2k + 1, 0), (2k + 1, 1) (word (nt, rr): fragment elements (nt, 2 rr) and (nt, 2 rr + 1),
+  // low half first) by one ldmatrix of four 8 x 8 matrices, matrix m = (nt = 2k + m / 2, rr = m % 2); lane l gives
+  // the address of row l % 8 of matrix l / 8, a 16-byte chunk of the tile (fr0, fc0 and 8 nt are multiples of 8).
+  //   rows = queries: matrix m is the tile's rows fr0 + 8 rr + 0..7, columns fc0 + 8 nt + 0..7; thread (g, t)
+  //     receives its row g, columns 2t, 2t + 1: the fragment's elements;
+  //   kTransposed (rows = keys = the tile's columns): matrix m is the tile's rows (queries) fc0 + 8 nt + 0..7,
+  //     columns (keys) fr0 + 8 rr + 0..7, loaded .trans: thread (g, t) receives rows 2t, 2t + 1 of its column g.
+  __device__ __forceinline__ void words4(int k, uint32_t (&q)[4]) const {
+    const int m = lane_ >> 3, r = lane_ & 7, nt = 2 * k + (m >> 1), rr = m & 1;
+    if constexpr (!kTransposed)
+      ldmatrix_x4(q, u + off(fr0 + 8 * rr + r, fc0 + 8 * nt));
+    else
+      ldmatrix_x4_trans(q, u + off(fc0 + 8 * nt + r, fr0 + 8 * rr));
   }
 };
 
@@ -206,18 +215,35 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
     s[nt][2 * rr] = v0 ? s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e : -INFINITY;
     s[nt][2 * rr + 1] = v1 ? s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e : -INFINITY;
   };
-  // Prefetched (registers): one branch for the tile, none per element. A branch per element around the loads below
-  // (either path taken at run time) made the warp-specialised forward's bias variant 10 k instructions long, and
-  // instruction-cache misses (BSYNC, stall_no_inst) its most-sampled stall (ncu, bench/RESULTS.md 2026-12-02).
+  // Prefetched (registers) or staged (shared memory): one branch for the tile, none per element; the words four at a
+  // time (Pre::words4). A branch per element around the loads below (either path taken at run time) made the
+  // warp-specialised forward's bias variant 10 k instructions long, and instruction-cache misses (BSYNC,
+  // stall_no_inst) its most-sampled stall (ncu, bench/RESULTS.md 2026-12-02). A tile whose every element of this
+  // warp's fragment is visible (no mask, rows / columns inside len_q: warp-uniform) takes no compare or select.
   if (pre != nullptr && pre->on) {
+    static_assert(NT % 2 == 0, "words four at a time: (nt, rr) for two n-tiles");
+    const bool all_visible = !need_mask && (kTransposed ? col0 + NT * 8 <= mk.len_q : row0 + 16 <= mk.len_q);
+    const auto each = [&](auto&& f) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int k = 0; k < NT / 2; ++k) {
+        uint32_t q[4];
+        pre->words4(k, q);
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float b0, b1;
-        pre->get(nt, rr, b0, b1);
-        put(nt, rr, b0, b1);
+        for (int m = 0; m < 4; ++m) {
+          float b0, b1;
+          unpack_bias_word<T>(q[m], b0, b1);
+          f(2 * k + (m >> 1), m & 1, b0, b1);
+        }
       }
+    };
+    if (all_visible) {
+      each([&](int nt, int rr, float b0, float b1) {
+        s[nt][2 * rr] = s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e;
+        s[nt][2 * rr + 1] = s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e;
+      });
+    } else {
+      each(put);
+    }
     return;
   }
   // Loaded here: one element offset per fragment row (64 bits, once per tile), a column stride per element. Two

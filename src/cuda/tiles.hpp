@@ -48,10 +48,11 @@ constexpr int kSm90FwdMinWindowKeys = 512;
 // step; consumer warpgroups by default (dispatch.cpp; the fastest measured on the H200, bench/RESULTS.md).
 constexpr int kSm90WsBlockN = 128;
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
-// Its bias variant (kBias): with the bias tiles staged by TMA, as the plain kernel (measured at GPT-OSS full + bias,
-// bench/RESULTS.md 2026-12-02, seventh session: 1.285 / 1.293 ms with 3 consumers, the staged tile read where used,
-// against 1.298 / 1.309 with 2, read into registers after S is issued); a bias loaded from global memory (fp32,
+// Its bias variant (kBias): 2 consumers, staged by TMA or not. Staged, 2 read the tile's words into registers
+// (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spill 114 bytes: GPT-OSS full +
+// bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (bench/RESULTS.md 2026-12-02, eighth session;
+// before the ldmatrix reads, 3 were marginally faster: 1.285 against 1.298). A bias loaded from global memory (fp32,
 // strided, unaligned rows): 2, whose threads have the registers to prefetch it (fifth session: 2.52 ms against 2.66).
-constexpr int sm90_ws_unstaged_bias_consumers(int /*hd*/) { return 2; }
+constexpr int sm90_ws_bias_consumers(int /*hd*/) { return 2; }
 
 }  // namespace sinkattn::cuda::tiles

@@ -61,9 +61,10 @@ namespace sinkattn::cuda::sm90 {
 // rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
 // dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
 // TMA reduce-adds of the fused dq (both modes); dq_ok = 0: none (per-thread atomics instead).
-// bias: kBias at head dim 64 (KernelChoice::dkdv_bias_tma), the bias as a 4-d map (s_kv, s_q, bias heads, bias
-// batches), box 64 keys x 64 queries: each step's bias tile is staged with its Q / dO on the same mbarrier;
-// bias_ok = 0: none (bias^T loaded by each thread from global memory).
+// bias: kBias (KernelChoice::dkdv_bias_tma), the bias as a 4-d map (s_kv, s_q, bias heads, bias batches), box 64 keys
+// x 64 queries: at head dim 64 each step's bias tile is staged with its Q / dO on the same mbarrier (two buffers);
+// at 128 into one buffer, a step ahead, on its own mbarrier (bias_bar); bias_ok = 0: none (bias^T loaded by each
+// thread from global memory).
 struct Sm90Tma {
   CUtensorMap q, d_out, dq, bias;
   int ok, dq_ok, bias_ok;
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       }
       wgmma_wait<1>();  // S^T
       fence_acc(s);
-      if constexpr (kBias && kBiasOneBuf) {
+      if constexpr (kBiasOneBuf) {
         if (bias_smem) {
           mbar_wait(bias_bar, static_cast<uint32_t>(it & 1));
           bias_view.bind(sB, key_w - j0, 0, lane);
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
       const bool fold = !need_mask && !kBias;
       if (!fold) {
-        if constexpr (kBias && kBiasOneBuf)
+        if constexpr (kBiasOneBuf)
           make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, &bias_view);
         else
           make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr);
@@ -457,7 +458,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     fence_proxy_async();
     __syncthreads();
     // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
-    if constexpr (kBias && kBiasOneBuf) {
+    if constexpr (kBiasOneBuf) {
       if (bias_smem && prefetch && tid == 0) issue_bias_one(ih_next, iq_next);
     }
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
