@@ -166,9 +166,13 @@ __device__ __forceinline__ void fragment_row_ranges(const Mask& mk, int r0, int 
 
 // kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path). pre: the tile's bias,
 // prefetched (a BiasPrefetch) or staged (a BiasSmemView) (nullptr, or pre->on false: loaded here).
+// sc_out (the forward's softmax step, whose exp2 takes a factor sc: OnlineSoftmax::step): non-null lets a fully
+// visible prefetched / staged bias fragment stay in natural units, s = softmax_scale * s + b (one FFMA per element),
+// with *sc_out = log2(e) for the step to apply; untouched (the caller's 1) otherwise.
 template <typename T, int NT, bool kTransposed, bool kMayBias = true, typename Pre = BiasPrefetch<T, NT, kTransposed>>
 __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, const Mask& mk, bool need_mask, int n,
-                                            int h, int row0, int col0, int lane, const Pre* pre = nullptr) {
+                                            int h, int row0, int col0, int lane, const Pre* pre = nullptr,
+                                            float* sc_out = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   const bool has_bias = kMayBias && p.bias != nullptr;
   if (!need_mask && !has_bias) {  // common path (interior tile, no bias): branch-free scaling only
@@ -236,7 +240,13 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
         }
       }
     };
-    if (all_visible) {
+    if (all_visible && sc_out != nullptr) {
+      each([&](int nt, int rr, float b0, float b1) {
+        s[nt][2 * rr] = fmaf(s[nt][2 * rr], p.softmax_scale, b0);
+        s[nt][2 * rr + 1] = fmaf(s[nt][2 * rr + 1], p.softmax_scale, b1);
+      });
+      *sc_out = kLog2e;
+    } else if (all_visible) {
       each([&](int nt, int rr, float b0, float b1) {
         s[nt][2 * rr] = s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e;
         s[nt][2 * rr + 1] = s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e;

@@ -51,15 +51,16 @@ __device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t
 // start at row_w (within the sequence): s becomes P, alpha the factors for O. Interior tiles keep the raw Q.K
 // products and fold the scale into the exp2 argument (OnlineSoftmax::step). kBias: the kernel variant for calls with a
 // bias (make_logits adds it, from pre when the kernel prefetched it (a BiasPrefetch) or staged it (a BiasSmemView);
-// no tile folds).
+// on a fully visible fragment it leaves softmax_scale * s + bias in natural units and log2(e) to the step).
 template <typename T, bool kBias = false, int NT, typename Pre = BiasPrefetch<T, NT>>
 __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
                                                  const Params& p, const Mask& mk, int n, int h, int row_w, int j0,
                                                  int lane, const Pre* pre = nullptr) {
   const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, NT * 8);
   const bool fold = !need_mask && !kBias && p.scale_log2 > 0.f;
-  if (!fold) make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre);
-  sm.step(s, alpha, fold ? p.scale_log2 : 1.f);
+  float sc = fold ? p.scale_log2 : 1.f;
+  if (!fold) make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre, &sc);
+  sm.step(s, alpha, sc);
 }
 
 }  // namespace sinkattn::cuda::sm90
