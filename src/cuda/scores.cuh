@@ -166,9 +166,9 @@ __device__ __forceinline__ void fragment_row_ranges(const Mask& mk, int r0, int 
 
 // kMayBias = false: the caller's kernel variant has no bias (compiled out of the common path). pre: the tile's bias,
 // prefetched (a BiasPrefetch) or staged (a BiasSmemView) (nullptr, or pre->on false: loaded here).
-// sc_out (the forward's softmax step, whose exp2 takes a factor sc: OnlineSoftmax::step): non-null lets a fully
-// visible prefetched / staged bias fragment stay in natural units, s = softmax_scale * s + b (one FFMA per element),
-// with *sc_out = log2(e) for the step to apply; untouched (the caller's 1) otherwise.
+// sc_out (callers whose exp2 takes a factor sc: the forward's OnlineSoftmax::step, the Hopper dK dV kernel's P^T):
+// non-null lets a fully visible prefetched / staged bias fragment stay in natural units, s = softmax_scale * s + b
+// (one FFMA per element), with *sc_out = log2(e) for the caller to apply; untouched (the caller's 1) otherwise.
 template <typename T, int NT, bool kTransposed, bool kMayBias = true, typename Pre = BiasPrefetch<T, NT, kTransposed>>
 __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, const Mask& mk, bool need_mask, int n,
                                             int h, int row0, int col0, int lane, const Pre* pre = nullptr,

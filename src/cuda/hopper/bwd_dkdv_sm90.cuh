@@ -369,14 +369,18 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         }
       }
       const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
+      // P^T = exp2(sc * s - LSE2): interior tiles without a bias keep the raw products (sc = scale log2(e)); a fully
+      // visible staged / prefetched bias fragment comes back in natural units (sc = log2(e), make_logits' sc_out).
       const bool fold = !need_mask && !kBias;
+      float sc_bias = 1.f;
       if (!fold) {
         if constexpr (kBiasOneBuf)
-          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, &bias_view);
+          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, &bias_view, &sc_bias);
         else
-          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr);
+          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr,
+                                          kBias ? &sc_bias : nullptr);
       }
-      const float sc = fold ? p.scale_log2 : 1.f;
+      const float sc = fold ? p.scale_log2 : sc_bias;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

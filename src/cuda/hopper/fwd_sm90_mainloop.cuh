@@ -58,9 +58,10 @@ __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&
                                                  int lane, const Pre* pre = nullptr) {
   const bool need_mask = !mk.tile_all_visible(row_w, 16, j0, NT * 8);
   const bool fold = !need_mask && !kBias && p.scale_log2 > 0.f;
-  float sc = fold ? p.scale_log2 : 1.f;
-  if (!fold) make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre, &sc);
-  sm.step(s, alpha, sc);
+  float sc_bias = 1.f;
+  if (!fold)
+    make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre, kBias ? &sc_bias : nullptr);
+  sm.step(s, alpha, fold ? p.scale_log2 : sc_bias);
 }
 
 }  // namespace sinkattn::cuda::sm90
