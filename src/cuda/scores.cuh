@@ -223,7 +223,8 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
   // time (Pre::words4). A branch per element around the loads below (either path taken at run time) made the
   // warp-specialised forward's bias variant 10 k instructions long, and instruction-cache misses (BSYNC,
   // stall_no_inst) its most-sampled stall (ncu, bench/RESULTS.md 2026-12-02). A tile whose every element of this
-  // warp's fragment is visible (no mask, rows / columns inside len_q: warp-uniform) takes no compare or select.
+  // warp's fragment is visible (no mask, rows / columns inside len_q: warp-uniform) takes no compare or select and
+  // one FFMA per element, in natural units (sc_out; the Hopper kernels, the only callers with a pre, all pass it).
   if (pre != nullptr && pre->on) {
     static_assert(NT % 2 == 0, "words four at a time: (nt, rr) for two n-tiles");
     const bool all_visible = !need_mask && (kTransposed ? col0 + NT * 8 <= mk.len_q : row0 + 16 <= mk.len_q);
@@ -246,11 +247,6 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
         s[nt][2 * rr + 1] = fmaf(s[nt][2 * rr + 1], p.softmax_scale, b1);
       });
       *sc_out = kLog2e;
-    } else if (all_visible) {
-      each([&](int nt, int rr, float b0, float b1) {
-        s[nt][2 * rr] = s[nt][2 * rr] * p.scale_log2 + b0 * kLog2e;
-        s[nt][2 * rr + 1] = s[nt][2 * rr + 1] * p.scale_log2 + b1 * kLog2e;
-      });
     } else {
       each(put);
     }
