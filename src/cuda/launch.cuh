@@ -233,7 +233,9 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
       if constexpr (tiles::has_sm90(HD)) {
         using Tr90 = sm90::DkvSm90Traits<HD>;
         static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
-        if (p.ws_dq == nullptr || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
+        // No query row at all (varlen with every seqlens_q 0, or s_q = 0): the dq accumulator has no bytes (a NULL
+        // workspace may then hold it) and the kernel only writes dK = dV = 0.
+        if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
           return cudaErrorInvalidValue;
         const bool det = kc.dq == DqPath::kFusedOrdered;
         if (kc.bias && (kc.dropout || p.ws_dbias == nullptr)) return cudaErrorInvalidValue;
