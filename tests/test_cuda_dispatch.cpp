@@ -321,7 +321,7 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(k.dropout);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
-  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout)"));
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)"));
   Call cd = c;
   cd.deterministic = true;
   EXPECT_EQ(choose_kernels(cd, kH200, Switches{}).dq, DqPath::kFusedOrdered);

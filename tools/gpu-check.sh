@@ -28,7 +28,8 @@
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
 # STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench, determinism),
 # SAN_MATCH (edge cases the sanitizer step runs besides its small sweep: names containing it, default "bias"; empty:
-# none), JOBS (default nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
+# none), SAN_TOOLS (the compute-sanitizer tools for those, default "memcheck racecheck synccheck"), JOBS (default
+# nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
 # DECODE_BENCH_TIMEOUT (540).
 set -u
 cd "$(dirname "$0")/.."
@@ -119,9 +120,10 @@ if [[ " $STEPS " == *" sanitizer "* ]]; then
     note "compute-sanitizer $tool: rc=$rc in $(($(date +%s) - t0)) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
   done
   # The edge cases whose names contain SAN_MATCH (default "bias": the staged bias tiles of the Hopper kernels and
-  # the d_bias workspace, which the small random sweep rarely reaches), under both tools.
+  # the d_bias workspace, which the small random sweep rarely reaches; "dropout": the dK dV kernel's keep producer
+  # and its named barriers), under SAN_TOOLS (default memcheck, racecheck, synccheck).
   if [ -n "${SAN_MATCH-bias}" ]; then
-    for tool in memcheck racecheck; do
+    for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
       t0=$(date +%s)
       timeout "${SAN_TIMEOUT:-120}" "$CS" --tool $tool --error-exitcode 3 "$SUITE" --small --match "${SAN_MATCH-bias}" \
         --sweep 0 >>"$OUT/sanitizer.log" 2>&1

@@ -4,7 +4,8 @@
 // Survivors are scaled by 1 / (1 - p); the sink is never dropped.
 // One Philox block gives the keep words of 4 consecutive keys of one query; `factors` / `keep_bits` spread each block
 // over the lanes whose fragment elements use it (one block per thread and 8-key slice: one per element cost the
-// dropout kernels most of their time).
+// dropout kernels most of their time); `keep_key_quad` gives one block's bits to a thread that stores them for
+// others (the keep producer warpgroup of the Hopper dK dV kernel).
 #pragma once
 
 #include "core/philox.hpp"
@@ -65,6 +66,22 @@ struct Dropout {
     for (int nt = 0; nt < NT; ++nt)
       bits |= static_cast<uint64_t>(keep4<kKeysAreRows>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
     return bits;
+  }
+
+  // The keep bits of keys j .. j + 3 (j % 4 == 0) for query i: bit k for key j + k (the keep producer of the Hopper
+  // dK dV kernel, bwd_dkdv_sm90.cuh). With s_kv % 4 == 0 they are the four words of one Philox block; otherwise
+  // each key takes its own block.
+  __device__ __forceinline__ uint32_t keep_key_quad(int i, int j, int s_kv) const {
+    auto kept = [&](uint32_t w) { return static_cast<uint32_t>(w >= threshold); };
+    if (s_kv % 4 == 0) {
+      const Philox4 b = dropout_block(seed, offset, index(i, j, s_kv));
+      return kept(b.w[0]) | kept(b.w[1]) << 1 | kept(b.w[2]) << 2 | kept(b.w[3]) << 3;
+    }
+    uint32_t k = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      k |= static_cast<uint32_t>(sinkattn::dropout_keep(seed, offset, index(i, j + e, s_kv), threshold)) << e;
+    return k;
   }
 
   // The 4 keep bits (bit e) of one slice, as `factors` describes.

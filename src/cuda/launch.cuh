@@ -250,7 +250,12 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
         using Tr90B = sm90::DkvSm90Traits<HD, true>;
         if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
-        const int smem = !kc.bias ? Tr90::kSmem : kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
+        // The dropout variants: a third warpgroup draws the keep bits (bwd_dkdv_sm90.cuh, keep_producer).
+        using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
+        const int smem = kc.bias      ? (kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem)
+                         : kc.dropout ? Tr90D::kSmem
+                                      : Tr90::kSmem;
+        const int threads = kc.dropout ? Tr90D::kThreads : Tr90::kThreads;
         cudaError_t e = prepare_smem(kernel, smem);
         if (e != cudaSuccess) return e;
         sm90::Sm90Tma tma{};
@@ -259,7 +264,7 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
                  make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
         tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, Tr90::kBlockM);
         tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, Tr90::kBlockM);
-        kernel<<<grid, Tr90::kThreads, smem, stream>>>(p, tma);
+        kernel<<<grid, threads, smem, stream>>>(p, tma);
         return cudaGetLastError();
       }
       return cudaErrorInvalidValue;

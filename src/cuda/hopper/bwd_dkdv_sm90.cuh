@@ -70,17 +70,29 @@ struct Sm90Tma {
   int ok, dq_ok, bias_ok;
 };
 
-template <int HD, bool kBias_ = false>
+template <int HD, bool kBias_ = false, bool kDropout_ = false>
 struct DkvSm90Traits {
-  static constexpr int kThreads = 256;
+  static constexpr int kConsumers = 256;  // the 2 warpgroups of the math (64 keys each)
+  // kDropout at head dim 64: a third warpgroup, the keep producer (keep_producer: Philox blocks into sKeep), with
+  // kKeepRegs registers, the math warpgroups kConsumerRegs (setmaxnreg, within the block's launch allocation of
+  // 168 per thread: setmaxnreg.inc waits until the block's own pool has the registers; 65536 is not the bound).
+  // At head dim 128 the math alone takes 254 registers (ptxas -v): at 240, what a producer would leave, it spills
+  // 180 bytes (988 deterministic) and serialises its wgmmas, so there the math warpgroups draw the bits themselves
+  // (Dropout::keep_bits).
+  static constexpr bool kKeepProducer = kDropout_ && HD == 64;
+  static constexpr int kThreads = kConsumers + (kKeepProducer ? 128 : 0);
+  static constexpr int kKeepRegs = 56, kConsumerRegs = 224;
+  static_assert(!kKeepProducer || kKeepRegs * 128 + kConsumerRegs * kConsumers <= 168 * kThreads,
+                "setmaxnreg redistributes the block's registers");
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
   static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
-  // [2][BM] fp32; 3 mbarriers (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at head
-  // dim 128) and kDet's ticket (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
+  // [2][BM] fp32; kDropout: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r); 3 mbarriers
+  // (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at head dim 128) and kDet's ticket
+  // (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
   // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
   // compiler pads every one of these kernels' static shared memory to 1024 bytes (cuobjdump -res-usage: SHARED
   // 1024), the dynamic part starts 1024-aligned, and the kernel traps if it does not (227 KiB is the most a block
@@ -89,14 +101,29 @@ struct DkvSm90Traits {
   static constexpr int kBiasBufs = !kBias_ ? 0 : HD == 64 ? 2 : 1;
   static constexpr int kBiasOff =
       (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
-  static constexpr int kBarsOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
+  static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
+  static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
   static constexpr int kSmem = kBarsOff + 32 + kSlack;
   static_assert(HD > 128 || kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
   // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
-  // floats) summed over the group in shared memory, [kBlockM / 2][kThreads] floats after the barriers.
-  static constexpr int kSmemDbiasSum = kSmem + kThreads * (kBlockM / 2) * 4;
+  // floats) summed over the group in shared memory, [kBlockM / 2][kConsumers] floats after the barriers.
+  static constexpr int kSmemDbiasSum = kSmem + kConsumers * (kBlockM / 2) * 4;
 };
+
+// Named barriers of the kDropout variant (0 is __syncthreads): 1 the math warpgroups alone (256 threads, their
+// step barriers); 2 + b "keep bits of buffer b written" (the producer arrives, the math warpgroups wait); 4 + b
+// "buffer b read" (the math warpgroups arrive, the producer waits before it overwrites it). 384 threads each.
+constexpr int kBarMath = 1, kBarKeepFull = 2, kBarKeepEmpty = 4;
+// The keep barriers' instructions: unaligned (barrier.sync / barrier.arrive without .aligned), because the math
+// warpgroups reach them from two instructions (a warpgroup with work in the step, and one without); the .aligned
+// bar.sync requires every thread of the block at a barrier to execute one instruction.
+__device__ __forceinline__ void keep_sync(int id, int count) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void keep_arrive(int id, int count) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
 // (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
@@ -126,17 +153,66 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 #endif
 }
 
+// kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
+// warpgroups' order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c:
+// key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
+// keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
+// kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
+// Measured (bench/RESULTS.md, 2026-12-02 tenth session): the math warpgroups drawing the bits themselves, between
+// the S^T / dP^T issue and their waits, left the tensor cores idle while the Philox chains ran.
+template <int BM, int BN, typename Order, typename KeyTileT>
+__device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
+                                              uint64_t* sKeep, int rt) {
+  static_assert(BM == 64 && BN == 128, "128 threads x (4 keys x 16 queries)");
+  constexpr int kAll = 384, kIlp = 4;
+  const int m = rt >> 2, q = rt & 3;
+  const int jq = kt.j0 + 4 * m;  // this thread's first key
+  int vlo = 0, vhi = 0;          // queries that see a key of the quad
+  if (jq < mk.len_kv) mk.query_range(jq, min(jq + 4, mk.len_kv), vlo, vhi);
+  uint16_t* keep16 = reinterpret_cast<uint16_t*>(sKeep);
+  const int iters = nq * p.group;
+  int ih, iq;
+  Order::first(nq, p.group, ih, iq);
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    if (it >= 2) keep_sync(kBarKeepEmpty + buf, kAll);
+    const Dropout dr(p, kt.n, kt.hk * p.group + ih);
+    const int ib = (qb_lo + iq) * BM + 16 * q;
+    uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
+#pragma unroll 1
+    for (int c0 = 0; c0 < 16; c0 += kIlp) {
+      if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
+        uint32_t kq[kIlp];
+#pragma unroll
+        for (int c = 0; c < kIlp; ++c) kq[c] = dr.keep_key_quad(ib + c0 + c, jq, p.s_kv);
+#pragma unroll
+        for (int c = 0; c < kIlp; ++c)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) rows[k] |= ((kq[c] >> k) & 1u) << (c0 + c);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
+    keep_arrive(kBarKeepFull + buf, kAll);
+    Order::next(nq, p.group, ih, iq);
+  }
+  // The math warpgroups' arrivals of the last two steps (no step follows to wait for them).
+  for (int it = iters >= 2 ? iters - 2 : 0; it < iters; ++it) keep_sync(kBarKeepEmpty + (it & 1), kAll);
+}
+
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
-// - D), with the keep bits of dropout.cuh (Dropout::keep_bits, rows = keys) drawn while the S^T / dP^T wgmmas run.
+// - D), with the keep bits the producer warpgroup (keep_producer, head dim 64) drew into sKeep, read after the S^T /
+// dP^T issue, or (head dim 128, DkvSm90Traits says why) drawn by the math warpgroups while S^T / dP^T run.
 // kBias: the call has a bias (not with dropout): S^T takes bias^T (scores.cuh, make_logits), and dS^T (fp32) goes to
 // the d_bias workspace (store_dbias_ws) besides dQ, dK; with Params::ws_dbias_heads = h_kv (a bias broadcast over
 // the heads, KernelChoice::dbias_group_sum) summed over the KV group's query heads first, in shared memory
 // (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/RESULTS.md, 2026-12-02).
 template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false>
-__global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
+__global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 1)
+    bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkvSm90Traits<HD, kBias>;
+  using Tr = DkvSm90Traits<HD, kBias, kDropout>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -148,7 +224,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
   float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
+  uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kDropout: [2][BN] keep bits
+  uint64_t* bars = sKeep + (Tr::kKeepProducer ? 2 * BN : 0);            // [2]: TMA completion per buffer
   uint64_t* bias_bar = bars + 2;                     // kBias, one bias buffer: its TMA completion
   unsigned* ticket = reinterpret_cast<unsigned*>(bars + 3);  // kDet
   float* sDb = reinterpret_cast<float*>(bars + 4);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
@@ -190,10 +267,6 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
   // session).
   using Order = StepOrder<kDet || kBias>;
 
-  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
-  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
-  load_tile_sw<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
-  load_tile_sw<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
 
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
@@ -219,6 +292,25 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     mbar_init(bias_bar, 1);
   }
   __syncthreads();
+  // kDropout: the third warpgroup draws the keep bits of every step into sKeep, up to two steps ahead of the math
+  // warpgroups, and leaves; those then synchronise among themselves on named barrier kBarMath.
+  constexpr bool kProducer = Tr::kKeepProducer;
+  if constexpr (kProducer) {
+    if (wg == 2) {
+      setmaxnreg_dec<Tr::kKeepRegs>();
+      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sKeep, tid - Tr::kConsumers);
+      return;
+    }
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+  }
+  auto math_sync = [] {
+    if constexpr (kProducer) named_bar_sync(kBarMath, Tr::kConsumers);
+    else __syncthreads();
+  };
+  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
+  load_tile_sw<BN, HD, Tr::kConsumers>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
+  load_tile_sw<BN, HD, Tr::kConsumers>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
 
   // The bias tile of query head h, queries i0 .., keys j0 .. (zeros outside the tensor) into buffer buf, completing
@@ -253,8 +345,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     } else {
       const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
       const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
-      load_tile_sw<BM, HD, Tr::kThreads>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_sw<BM, HD, Tr::kThreads>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      load_tile_sw<BM, HD, Tr::kConsumers>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kConsumers>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
       if (bias_here && tid == 0) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
     }
     if (bias_here && tid == 0) issue_bias(buf, h, i0, &bars[buf]);
@@ -299,7 +391,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       phase ^= 1u << buf;
     }
     fence_proxy_async();
-    __syncthreads();
+    math_sync();
     // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
     if (pending && tid == 0) issue_dq();
     const bool issued = pending;
@@ -343,8 +435,24 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
       for (int kk = 0; kk < HD / 16; ++kk)
         Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor_sw<BN>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
       wgmma_commit();
-      uint64_t keep = 0;  // kDropout: bit 4 nt + e keeps element (nt, e)
-      if constexpr (kDropout) keep = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
+      // kDropout, kProducer: this step's keep bits of the thread's rows r0, r0 + 8 (keys), shifted so that bit
+      // 8 nt + (e & 1) is element (nt, e)'s query column 8 nt + 2 t + (e & 1); the buffer is then the producer's
+      // again. The inactive branch below meets the same barriers from other instructions, hence the unaligned
+      // barrier forms (keep_sync / keep_arrive). Without the producer (head dim 128): drawn here while S^T / dP^T
+      // run, bit 4 nt + e.
+      uint64_t keep_lo = 0, keep_hi = 0;
+      if constexpr (kProducer) {
+        keep_sync(kBarKeepFull + buf, Tr::kThreads);
+        keep_lo = sKeep[buf * BN + r0] >> (2 * t);
+        keep_hi = sKeep[buf * BN + r0 + 8] >> (2 * t);
+        keep_arrive(kBarKeepEmpty + buf, Tr::kThreads);
+      } else if constexpr (kDropout) {
+        keep_lo = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
+      }
+      const auto kept = [&](int nt, int e) -> bool {
+        if constexpr (kProducer) return ((e >> 1 ? keep_hi : keep_lo) >> (8 * nt + (e & 1))) & 1u;
+        else return (keep_lo >> (4 * nt + e)) & 1u;
+      };
       // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run, from the staged tile (bias_smem)
       // or from global memory. At 128 the registers are spent: make_logits reads the staged tile where it uses it
       // (BiasSmemView; step it's tile is the it-th completion of bias_bar), or loads from global memory.
@@ -392,7 +500,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sd[nt][e] = (keep >> (4 * nt + e)) & 1u ? s[nt][e] * p.dropout_rscale : 0.f;
+          for (int e = 0; e < 4; ++e) sd[nt][e] = kept(nt, e) ? s[nt][e] * p.dropout_rscale : 0.f;
         pack_a_frags<T>(sd, ap);
       } else {
         pack_a_frags<T>(s, ap);
@@ -410,7 +518,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T [* keep / (1 - p)] - D)
           const float pr = s[nt][e];
           float dp = dpv[nt][e];
-          if constexpr (kDropout) dp = (keep >> (4 * nt + e)) & 1u ? dp * p.dropout_rscale : 0.f;
+          if constexpr (kDropout) dp = kept(nt, e) ? dp * p.dropout_rscale : 0.f;
           dpv[nt][e] = pr != 0.f ? pr * (dp - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
         }
       // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
@@ -433,7 +541,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float& a = sDb[(nt * 4 + e) * Tr::kThreads + tid];
+              float& a = sDb[(nt * 4 + e) * Tr::kConsumers + tid];
               const float v = first ? dpv[nt][e] : a + dpv[nt][e];
               if (last) dpv[nt][e] = v;
               else a = v;
@@ -442,6 +550,10 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         }
       }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
+      if constexpr (kProducer) {  // (the keep buffer's barriers count every thread of the math warpgroups)
+        keep_sync(kBarKeepFull + buf, Tr::kThreads);
+        keep_arrive(kBarKeepEmpty + buf, Tr::kThreads);
+      }
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
 #pragma unroll
@@ -460,7 +572,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
         bulk_wait_read<0>();
     }
     fence_proxy_async();
-    __syncthreads();
+    math_sync();
     // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
     if constexpr (kBiasOneBuf) {
       if (bias_smem && prefetch && tid == 0) issue_bias_one(ih_next, iq_next);
@@ -537,13 +649,13 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_sm90_kernel(const Params p, c
     iq = iq_next;
   }
   if (pending) {  // the last step's tile (uniform: a function of its query block)
-    __syncthreads();
+    math_sync();
     if (tid == 0) issue_dq();
   }
   if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   if constexpr (kDet) {
     if (iters > 0) {  // the last query block's turn, after every thread's atomics and the reduce-adds
-      __syncthreads();
+      math_sync();
       unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
       if (tid == 0 && last != nullptr) release_turn(last);
     }

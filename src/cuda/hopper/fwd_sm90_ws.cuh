@@ -56,25 +56,8 @@ struct FwdWsTraits {
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
 
-// Named barriers 1 .. kNC order the consumer warpgroups' wgmma issue (0 is __syncthreads).
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
+// Named barriers 1 .. kNC (sm90_common.cuh's named_bar_sync / named_bar_arrive) order the consumer warpgroups'
+// wgmma issue.
 // One plain arrival (no transaction count) on an mbarrier.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -144,6 +144,26 @@ __device__ __forceinline__ void load_tile_sw_rolled(T* smem, const T* gmem, int6
   }
 }
 
+// Named barriers (bar.sync / bar.arrive with a thread count; 0 is __syncthreads) and the warpgroup register
+// reallocation of warp-specialised kernels (setmaxnreg: the count is a multiple of 8 in 24 .. 256).
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
 // ---- mbarrier and TMA (cp.async.bulk.tensor) ----
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
