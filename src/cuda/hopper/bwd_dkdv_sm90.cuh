@@ -90,7 +90,8 @@ struct DkvSm90Traits {
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
-  // [2][BM] fp32; kDropout: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r); 3 mbarriers
+  // [2][BM] fp32; kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its
+// 4 mbarriers (KeepBars); 3 mbarriers
   // (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at head dim 128) and kDet's ticket
   // (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
   // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
@@ -102,7 +103,7 @@ struct DkvSm90Traits {
   static constexpr int kBiasOff =
       (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
   static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
-  static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 : 0);
+  static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 + 32 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
   static constexpr int kSmem = kBarsOff + 32 + kSlack;
   static_assert(HD > 128 || kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
@@ -111,19 +112,16 @@ struct DkvSm90Traits {
   static constexpr int kSmemDbiasSum = kSmem + kConsumers * (kBlockM / 2) * 4;
 };
 
-// Named barriers of the kDropout variant (0 is __syncthreads): 1 the math warpgroups alone (256 threads, their
-// step barriers); 2 + b "keep bits of buffer b written" (the producer arrives, the math warpgroups wait); 4 + b
-// "buffer b read" (the math warpgroups arrive, the producer waits before it overwrites it). 384 threads each.
-constexpr int kBarMath = 1, kBarKeepFull = 2, kBarKeepEmpty = 4;
-// The keep barriers' instructions: unaligned (barrier.sync / barrier.arrive without .aligned), because the math
-// warpgroups reach them from two instructions (a warpgroup with work in the step, and one without); the .aligned
-// bar.sync requires every thread of the block at a barrier to execute one instruction.
-__device__ __forceinline__ void keep_sync(int id, int count) {
-  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void keep_arrive(int id, int count) {
-  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
+// The keep producer's variant: named barrier 1 synchronises the math warpgroups alone (256 threads, their step
+// barriers; 0 is __syncthreads). The keep buffers are handed over on mbarriers after sKeep (KeepBars): full[b]
+// (128 arrivals, one per producer thread, after its stores) and empty[b] (256, one per math thread, after its
+// loads; a warpgroup without work in the step arrives without waiting for full[b]: the math warpgroups' step
+// barrier keeps it from arriving for a later step first). Named barriers (bar.arrive / bar.sync) did the same
+// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02 tenth session).
+constexpr int kBarMath = 1;
+struct KeepBars {
+  uint64_t full[2], empty[2];
+};
 
 // Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
 // (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
@@ -162,9 +160,9 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 // the S^T / dP^T issue and their waits, left the tensor cores idle while the Philox chains ran.
 template <int BM, int BN, typename Order, typename KeyTileT>
 __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
-                                              uint64_t* sKeep, int rt) {
+                                              uint64_t* sKeep, KeepBars* kb, int rt) {
   static_assert(BM == 64 && BN == 128, "128 threads x (4 keys x 16 queries)");
-  constexpr int kAll = 384, kIlp = 4;
+  constexpr int kIlp = 4;
   const int m = rt >> 2, q = rt & 3;
   const int jq = kt.j0 + 4 * m;  // this thread's first key
   int vlo = 0, vhi = 0;          // queries that see a key of the quad
@@ -175,7 +173,7 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
   Order::first(nq, p.group, ih, iq);
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
-    if (it >= 2) keep_sync(kBarKeepEmpty + buf, kAll);
+    if (it >= 2) mbar_wait(&kb->empty[buf], ((it >> 1) - 1) & 1);  // the math threads' loads of step it - 2
     const Dropout dr(p, kt.n, kt.hk * p.group + ih);
     const int ib = (qb_lo + iq) * BM + 16 * q;
     uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
@@ -193,11 +191,9 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
-    keep_arrive(kBarKeepFull + buf, kAll);
+    mbar_arrive(&kb->full[buf]);
     Order::next(nq, p.group, ih, iq);
   }
-  // The math warpgroups' arrivals of the last two steps (no step follows to wait for them).
-  for (int it = iters >= 2 ? iters - 2 : 0; it < iters; ++it) keep_sync(kBarKeepEmpty + (it & 1), kAll);
 }
 
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
@@ -224,8 +220,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
   float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
-  uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kDropout: [2][BN] keep bits
-  uint64_t* bars = sKeep + (Tr::kKeepProducer ? 2 * BN : 0);            // [2]: TMA completion per buffer
+  uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kKeepProducer: [2][BN] keep bits
+  KeepBars* keep_bars = reinterpret_cast<KeepBars*>(sKeep + 2 * BN);  // kKeepProducer
+  uint64_t* bars = sKeep + (Tr::kKeepProducer ? 2 * BN + 4 : 0);     // [2]: TMA completion per buffer
   uint64_t* bias_bar = bars + 2;                     // kBias, one bias buffer: its TMA completion
   unsigned* ticket = reinterpret_cast<unsigned*>(bars + 3);  // kDet
   float* sDb = reinterpret_cast<float*>(bars + 4);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
@@ -290,6 +287,12 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     mbar_init(&bars[0], 1);
     mbar_init(&bars[1], 1);
     mbar_init(bias_bar, 1);
+    if constexpr (Tr::kKeepProducer) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&keep_bars->full[b], 128);
+        mbar_init(&keep_bars->empty[b], Tr::kConsumers);
+      }
+    }
   }
   __syncthreads();
   // kDropout: the third warpgroup draws the keep bits of every step into sKeep, up to two steps ahead of the math
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   if constexpr (kProducer) {
     if (wg == 2) {
       setmaxnreg_dec<Tr::kKeepRegs>();
-      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sKeep, tid - Tr::kConsumers);
+      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sKeep, keep_bars, tid - Tr::kConsumers);
       return;
     }
     setmaxnreg_inc<Tr::kConsumerRegs>();
@@ -437,15 +440,13 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       wgmma_commit();
       // kDropout, kProducer: this step's keep bits of the thread's rows r0, r0 + 8 (keys), shifted so that bit
       // 8 nt + (e & 1) is element (nt, e)'s query column 8 nt + 2 t + (e & 1); the buffer is then the producer's
-      // again. The inactive branch below meets the same barriers from other instructions, hence the unaligned
-      // barrier forms (keep_sync / keep_arrive). Without the producer (head dim 128): drawn here while S^T / dP^T
-      // run, bit 4 nt + e.
+      // again (KeepBars). Without the producer (head dim 128): drawn here while S^T / dP^T run, bit 4 nt + e.
       uint64_t keep_lo = 0, keep_hi = 0;
       if constexpr (kProducer) {
-        keep_sync(kBarKeepFull + buf, Tr::kThreads);
+        mbar_wait(&keep_bars->full[buf], (it >> 1) & 1);
         keep_lo = sKeep[buf * BN + r0] >> (2 * t);
         keep_hi = sKeep[buf * BN + r0 + 8] >> (2 * t);
-        keep_arrive(kBarKeepEmpty + buf, Tr::kThreads);
+        mbar_arrive(&keep_bars->empty[buf]);
       } else if constexpr (kDropout) {
         keep_lo = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
       }
@@ -550,10 +551,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
         }
       }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
-      if constexpr (kProducer) {  // (the keep buffer's barriers count every thread of the math warpgroups)
-        keep_sync(kBarKeepFull + buf, Tr::kThreads);
-        keep_arrive(kBarKeepEmpty + buf, Tr::kThreads);
-      }
+      if constexpr (kProducer) mbar_arrive(&keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
 #pragma unroll

@@ -58,12 +58,6 @@ struct FwdWsTraits {
 
 // Named barriers 1 .. kNC (sm90_common.cuh's named_bar_sync / named_bar_arrive) order the consumer warpgroups'
 // wgmma issue.
-// One plain arrival (no transaction count) on an mbarrier.
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
 
 // The loading warp's cp.async copies, completed on the "full" barrier `bar` as TMA completes its own: wait for this
 // thread's copies, make them visible to wgmma's async proxy, then one arrival for the warp.

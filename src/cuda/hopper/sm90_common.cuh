@@ -144,6 +144,13 @@ __device__ __forceinline__ void load_tile_sw_rolled(T* smem, const T* gmem, int6
   }
 }
 
+// One plain arrival (no transaction count) on an mbarrier.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+
 // Named barriers (bar.sync / bar.arrive with a thread count; 0 is __syncthreads) and the warpgroup register
 // reallocation of warp-specialised kernels (setmaxnreg: the count is a multiple of 8 in 24 .. 256).
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
