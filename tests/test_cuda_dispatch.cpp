@@ -321,7 +321,14 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(k.dropout);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
-  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)"));
+  // Tile 128 (this call): its math warpgroups draw the keep bits; tile 64: a producer warpgroup does
+  // (tiles::dkdv_sm90_keep_producer).
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout, keep bits drawn by the math warpgroups)"));
+  Call c64d = c;
+  c64d.d = c64d.d_v = 64;
+  const KernelChoice k64 = choose_kernels(c64d, kH200, Switches{});
+  EXPECT_EQ(k64.dkdv, DkvKernel::kSm90);
+  EXPECT_TRUE(has(k64.summary(Pass::kBackward), "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)"));
   Call cd = c;
   cd.deterministic = true;
   EXPECT_EQ(choose_kernels(cd, kH200, Switches{}).dq, DqPath::kFusedOrdered);

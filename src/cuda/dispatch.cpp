@@ -198,7 +198,10 @@ std::string KernelChoice::summary(Pass pass) const {
       s += bias ? std::string("hopper dK dV (wgmma, bias") + (dkdv_bias_tma ? " tiles by TMA" : "") +
                       (dbias_group_sum ? "; dS summed over each KV group's heads to the d_bias workspace)"
                                        : "; dS to the d_bias workspace)")
-                : dropout ? "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)" : "hopper dK dV (wgmma)";
+                : dropout ? (tiles::dkdv_sm90_keep_producer(tile)
+                                 ? "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)"
+                                 : "hopper dK dV (wgmma, dropout, keep bits drawn by the math warpgroups)")
+                          : "hopper dK dV (wgmma)";
       break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
     case DkvKernel::kSm80Extra: s += "sm80 dK dV (mma.sync, bias / dropout variant)"; break;

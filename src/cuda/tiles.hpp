@@ -39,6 +39,9 @@ constexpr int fwd_sm90_block_m(int) { return 128; }
 constexpr int fwd_sm90_block_n(int hd) { return hd == 64 ? 64 : 128; }
 constexpr int dkdv_sm90_block_n(int) { return 128; }
 constexpr int dkdv_sm90_block_m(int) { return 64; }
+// The Hopper dK dV kernel's dropout variant draws the keep bits in a producer warpgroup at head dim 64; at 128 the
+// math warpgroups draw them (their 254 registers leave none for a third warpgroup: bwd_dkdv_sm90.cuh).
+constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 
 // Forward windows on the Hopper kernel: a window that leaves a block of fwd_sm90_block_m query rows fewer keys than
 // this (block_m + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS sliding layer, window 127:

@@ -79,7 +79,7 @@ struct DkvSm90Traits {
   // At head dim 128 the math alone takes 254 registers (ptxas -v): at 240, what a producer would leave, it spills
   // 180 bytes (988 deterministic) and serialises its wgmmas, so there the math warpgroups draw the bits themselves
   // (Dropout::keep_bits).
-  static constexpr bool kKeepProducer = kDropout_ && HD == 64;
+  static constexpr bool kKeepProducer = kDropout_ && tiles::dkdv_sm90_keep_producer(HD);
   static constexpr int kThreads = kConsumers + (kKeepProducer ? 128 : 0);
   static constexpr int kKeepRegs = 56, kConsumerRegs = 224;
   static_assert(!kKeepProducer || kKeepRegs * 128 + kConsumerRegs * kConsumers <= 168 * kThreads,
