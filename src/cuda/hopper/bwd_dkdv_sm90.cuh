@@ -90,10 +90,9 @@ struct DkvSm90Traits {
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
-  // [2][BM] fp32; kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its
-// 4 mbarriers (KeepBars); 3 mbarriers
-  // (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at head dim 128) and kDet's ticket
-  // (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
+  // [2][BM] fp32; kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its 4
+  // mbarriers (KeepBars); 3 mbarriers (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at
+  // head dim 128) and kDet's ticket (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
   // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
   // compiler pads every one of these kernels' static shared memory to 1024 bytes (cuobjdump -res-usage: SHARED
   // 1024), the dynamic part starts 1024-aligned, and the kernel traps if it does not (227 KiB is the most a block
@@ -156,8 +155,10 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 // key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
 // keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
 // kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
-// Measured (bench/RESULTS.md, 2026-12-02 tenth session): the math warpgroups drawing the bits themselves, between
-// the S^T / dP^T issue and their waits, left the tensor cores idle while the Philox chains ran.
+// bench/RESULTS.md, 2026-12-02 tenth session: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
+// warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per scheduler, both
+// in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4 blocks in
+// flight per thread measured as fast as 8 and faster than 16.
 template <int BM, int BN, typename Order, typename KeyTileT>
 __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
                                               uint64_t* sKeep, KeepBars* kb, int rt) {
@@ -264,7 +265,6 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   // session).
   using Order = StepOrder<kDet || kBias>;
 
-
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
   // block or a staged bias tile.
@@ -295,8 +295,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     }
   }
   __syncthreads();
-  // kDropout: the third warpgroup draws the keep bits of every step into sKeep, up to two steps ahead of the math
-  // warpgroups, and leaves; those then synchronise among themselves on named barrier kBarMath.
+  // kKeepProducer: the third warpgroup draws the keep bits of every step into sKeep, up to two steps ahead of the
+  // math warpgroups, and leaves; those then synchronise among themselves on named barrier kBarMath. K and V are
+  // loaded by the math warpgroups alone (their cp.async groups are waited for in the step loop).
   constexpr bool kProducer = Tr::kKeepProducer;
   if constexpr (kProducer) {
     if (wg == 2) {
