@@ -121,7 +121,7 @@ if [[ " $STEPS " == *" sanitizer "* ]]; then
   done
   # The edge cases whose names contain SAN_MATCH (default "bias": the staged bias tiles of the Hopper kernels and
   # the d_bias workspace, which the small random sweep rarely reaches; "dropout": the dK dV kernel's keep producer
-  # and its named barriers), under SAN_TOOLS (default memcheck, racecheck, synccheck).
+  # and its mbarrier handover), under SAN_TOOLS (default memcheck, racecheck, synccheck).
   if [ -n "${SAN_MATCH-bias}" ]; then
     for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
       t0=$(date +%s)

@@ -250,7 +250,8 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
         using Tr90B = sm90::DkvSm90Traits<HD, true>;
         if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
-        // The dropout variants: a third warpgroup draws the keep bits (bwd_dkdv_sm90.cuh, keep_producer).
+        // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
+        // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
         using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
         const int smem = kc.bias      ? (kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem)
                          : kc.dropout ? Tr90D::kSmem

@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     mbar_init(bias_bar, 1);
     if constexpr (Tr::kKeepProducer) {
       for (int b = 0; b < 2; ++b) {
-        mbar_init(&keep_bars->full[b], 128);
+        mbar_init(&keep_bars->full[b], Tr::kThreads - Tr::kConsumers);
         mbar_init(&keep_bars->empty[b], Tr::kConsumers);
       }
     }
