@@ -313,12 +313,26 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "no variant with both bias and dropout"));
   c.plan.bias = Use::kAbsent;
-  // Dropout alone on Hopper: the sm_80 forward's dropout variant (measured faster than a Hopper one), the Hopper
-  // dK dV kernel's dropout variant; dq fused (atomics, or the fixed order when deterministic).
+  // Dropout alone on Hopper: the warp-specialised forward's dropout variant (2 consumers, whatever
+  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the producer warpgroup), the Hopper dK dV kernel's dropout
+  // variant; dq fused (atomics, or the fixed order when deterministic).
   k = choose_kernels(c, kH200, Switches{});
-  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout"));
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, 2);
+  EXPECT_EQ(k.fwd_block_m, 128);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout, keep bits drawn by the producer warpgroup"));
   EXPECT_TRUE(k.dropout);
+  Switches ws3;
+  ws3.fwd_ws = 3;
+  Call c64f = c;
+  c64f.d = c64f.d_v = 64;
+  EXPECT_EQ(choose_kernels(c64f, kH200, Switches{}).fwd_consumers, 2);
+  EXPECT_EQ(choose_kernels(c64f, kH200, ws3).fwd_consumers, 2);
+  c64f.plan.dropout = false;
+  EXPECT_EQ(choose_kernels(c64f, kH200, Switches{}).fwd_consumers, 3);  // the plain variant: 3 at tile 64
+  const KernelChoice kd_no_ws = choose_kernels(c, kH200, no_ws);
+  EXPECT_EQ(kd_no_ws.fwd, FwdKernel::kSm80Extra);
+  EXPECT_TRUE(has(kd_no_ws.summary(Pass::kForward), "only the warp-specialised Hopper forward has a dropout variant"));
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   // Tile 128 (this call): its math warpgroups draw the keep bits; tile 64: a producer warpgroup does

@@ -16,8 +16,9 @@ std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
 // consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
 bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
-// bias: the kernel's bias variant (staged by TMA or not).
-int ws_consumers(int tile, const Switches& sw, bool bias) {
+// bias / dropout: the kernel's bias variant (staged by TMA or not), its dropout variant (2 consumers only).
+int ws_consumers(int tile, const Switches& sw, bool bias, bool dropout) {
+  if (dropout) return tiles::sm90_ws_dropout_consumers(tile);
   if (sw.fwd_ws == 2) return 2;
   if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
   return bias ? tiles::sm90_ws_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
@@ -83,10 +84,10 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // (kBias: the dK dV kernel also writes dS for d_bias, so no dq kernel is needed); not with dropout.
   if (no90.empty() && bias && dropout) no90 = "the Hopper kernels have no variant with both bias and dropout";
   k.bias = bias && no90.empty();
-  // Dropout: the backward's Hopper dK dV kernel has a dropout variant (kDropout); the forward stays on the sm_80
-  // variant (measured faster, bench/RESULTS.md 2026-12-01 fourth session: a dropout variant of the warp-specialised
-  // forward took 3.32 ms at GPT-OSS full against 3.07, 1.98 against 1.90 at MHA d128: the keep bits' integer work
-  // (Philox, 10 dependent rounds per 4 keys) is what both spend their time on).
+  // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout: the keep bits drawn
+  // by warps of the producer warpgroup, fwd_keep_producer / keep_producer at tile 64). A first Hopper forward
+  // variant, whose consumer warpgroups drew the bits themselves, was slower than the sm_80 one (bench/RESULTS.md
+  // 2026-12-01 fourth session: 3.32 against 3.07 ms at GPT-OSS full).
   k.dropout = dropout;
 
   // ---- forward ----
@@ -103,8 +104,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
-  } else if (no90.empty() && dropout) {
-    k.fwd_why = "dropout: the sm_80 forward's dropout variant (measured faster than a Hopper one, bench/RESULTS.md)";
+  } else if (no90.empty() && dropout && !ws_on(k.tile, sw)) {
+    k.fwd_why = "dropout: only the warp-specialised Hopper forward has a dropout variant (SINKATTN_CUDA_FWD_WS=0 is set)";
   } else if (no90.empty() && bias && !ws_on(k.tile, sw)) {
     k.fwd_why = "bias: only the warp-specialised Hopper forward has a bias variant (SINKATTN_CUDA_FWD_WS=0 is set)";
   } else if (no90.empty() && c.window_left >= 0 && c.window_right >= 0 && !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
@@ -119,7 +120,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   } else if (no90.empty() && k.fwd_why.empty()) {
     if (ws_on(k.tile, sw)) {
       k.fwd = FwdKernel::kSm90Ws;
-      k.fwd_consumers = ws_consumers(k.tile, sw, bias);
+      k.fwd_consumers = ws_consumers(k.tile, sw, k.bias, dropout);
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::kSm90WsBlockN;
       k.fwd_persistent = sw.fwd_ws_persistent;
@@ -178,7 +179,8 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm90Ws:
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
             " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") +
-            (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") + ")";
+            (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") +
+            (dropout ? ", dropout, keep bits drawn by the producer warpgroup" : "") + ")";
         break;
       case FwdKernel::kSm80: s = "sm80 fwd (mma.sync)"; break;
       case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
@@ -228,8 +230,8 @@ std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
          ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
          "library carries sm_90a code, for tiles 64 and 128 (bias: the warp-specialised forward and the dK dV kernel, "
-         "which writes dS for d_bias, not with dropout; dropout: the dK dV kernel only, the sm_80 "
-         "dropout forward measured faster; forward: not for windows spanning fewer than " +
+         "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward and the dK dV kernel, "
+         "keep bits drawn by a producer warpgroup; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "

@@ -5,8 +5,10 @@
 // One Philox block gives the keep words of 4 consecutive keys of one query; `factors` / `keep_bits` spread each block
 // over the lanes whose fragment elements use it (one block per thread and 8-key slice: one per element cost the
 // dropout kernels most of their time); `keep_key_quad` gives one block's bits to a thread that stores them for
-// others (the keep producer warpgroup of the Hopper dK dV kernel).
+// others (the keep producers of the Hopper kernels).
 #pragma once
+
+#include <type_traits>
 
 #include "core/philox.hpp"
 #include "cuda/params.cuh"
@@ -50,46 +52,58 @@ struct Dropout {
   // every lane of the warp calls it with the same r0, c0.
   template <bool kKeysAreRows>
   __device__ __forceinline__ void factors(int r0, int c0, int s_kv, int lane, float (&f)[4]) const {
-    const uint32_t k = keep4<kKeysAreRows>(r0, c0, s_kv, lane);
+    const uint32_t k = s_kv % 4 == 0 ? keep4<kKeysAreRows, true>(r0, c0, s_kv, lane)
+                                     : keep4<kKeysAreRows, false>(r0, c0, s_kv, lane);
 #pragma unroll
     for (int e = 0; e < 4; ++e) f[e] = (k >> e) & 1u ? rscale : 0.f;
   }
 
   // The keep bits of a thread's whole fragment of NT slices (bit 4 nt + e: element (nt, e) of scores.cuh's layout,
   // columns starting at c0 + 8 nt), for kernels that keep the undropped P beside the dropped one (Hopper: P for
-  // the normaliser or dS, P * keep / (1 - p) for the P V / dV product).
+  // the normaliser or dS, P * keep / (1 - p) for the P V / dV product). The s_kv % 4 test is made once, so that
+  // the NT Philox chains interleave (Dropout::keep_key_quad says why).
   template <bool kKeysAreRows, int NT>
   __device__ __forceinline__ uint64_t keep_bits(int r0, int c0, int s_kv, int lane) const {
     static_assert(NT * 4 <= 64, "one bit per element");
     uint64_t bits = 0;
+    if (s_kv % 4 == 0) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-      bits |= static_cast<uint64_t>(keep4<kKeysAreRows>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
+      for (int nt = 0; nt < NT; ++nt)
+        bits |= static_cast<uint64_t>(keep4<kKeysAreRows, true>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
+    } else {  // 4 blocks a slice: not unrolled (4 NT chains at once would not fit the registers; a rare case)
+#pragma unroll 1
+      for (int nt = 0; nt < NT; ++nt)
+        bits |= static_cast<uint64_t>(keep4<kKeysAreRows, false>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
+    }
     return bits;
   }
 
-  // The keep bits of keys j .. j + 3 (j % 4 == 0) for query i: bit k for key j + k (the keep producer of the Hopper
-  // dK dV kernel, bwd_dkdv_sm90.cuh). With s_kv % 4 == 0 they are the four words of one Philox block; otherwise
-  // each key takes its own block.
+  // The keep bits of keys j .. j + 3 (j % 4 == 0) for query i: bit k for key j + k (the keep producers of the Hopper
+  // kernels, fwd_sm90_ws.cuh and bwd_dkdv_sm90.cuh). kAligned (s_kv % 4 == 0, the caller's choice, made once outside
+  // its loops): the four words of one Philox block; otherwise each key takes its own block. No branch inside, so
+  // that the Philox chains of several calls in a row interleave (with the s_kv test in here, every call was its own
+  // basic block and the chains ran one after another: bench/RESULTS.md, 2026-12-02 eleventh session).
+  template <bool kAligned>
   __device__ __forceinline__ uint32_t keep_key_quad(int i, int j, int s_kv) const {
     auto kept = [&](uint32_t w) { return static_cast<uint32_t>(w >= threshold); };
-    if (s_kv % 4 == 0) {
+    if constexpr (kAligned) {
       const Philox4 b = dropout_block(seed, offset, index(i, j, s_kv));
       return kept(b.w[0]) | kept(b.w[1]) << 1 | kept(b.w[2]) << 2 | kept(b.w[3]) << 3;
-    }
-    uint32_t k = 0;
+    } else {
+      uint32_t k = 0;
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      k |= static_cast<uint32_t>(sinkattn::dropout_keep(seed, offset, index(i, j + e, s_kv), threshold)) << e;
-    return k;
+      for (int e = 0; e < 4; ++e)
+        k |= static_cast<uint32_t>(sinkattn::dropout_keep(seed, offset, index(i, j + e, s_kv), threshold)) << e;
+      return k;
+    }
   }
 
-  // The 4 keep bits (bit e) of one slice, as `factors` describes.
-  template <bool kKeysAreRows>
+  // The 4 keep bits (bit e) of one slice, as `factors` describes; kAligned: s_kv % 4 == 0 (the caller's test).
+  template <bool kKeysAreRows, bool kAligned>
   __device__ __forceinline__ uint32_t keep4(int r0, int c0, int s_kv, int lane) const {
     const int g = lane >> 2, t = lane & 3;
     auto kept = [&](uint32_t w) { return static_cast<uint32_t>(w >= threshold); };
-    if (s_kv % 4 != 0) {
+    if constexpr (!kAligned) {
       uint32_t k = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -98,8 +112,7 @@ struct Dropout {
         k |= static_cast<uint32_t>(sinkattn::dropout_keep(seed, offset, idx, threshold)) << e;
       }
       return k;
-    }
-    if constexpr (!kKeysAreRows) {
+    } else if constexpr (!kKeysAreRows) {
       const bool odd = t & 1;  // odd: computes row g + 8's block, needs words 2, 3 (columns 2t % 4 == 2)
       const Philox4 b = dropout_block(seed, offset, index(r0 + g + (odd ? 8 : 0), c0 + 4 * (t >> 1), s_kv));
       const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? b.w[0] : b.w[2], 1);

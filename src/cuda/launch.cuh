@@ -125,10 +125,10 @@ sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block
 }
 
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
-template <typename T, int HD, int NC, bool kBias = false>
+template <typename T, int HD, int NC, bool kBias = false, bool kDropout = false>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
-  using TrW = sm90::FwdWsTraits<HD, NC, kBias>;
-  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias>;
+  using TrW = sm90::FwdWsTraits<HD, NC, kBias, kDropout>;
+  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias, kDropout>;
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
   const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
@@ -168,6 +168,10 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
       return cudaErrorInvalidValue;
     case FwdKernel::kSm90Ws:
       if constexpr (tiles::has_sm90(HD)) {
+        if (kc.dropout) {  // dropout variant: 2 consumers (tiles::sm90_ws_dropout_consumers), no bias
+          if (kc.bias || kc.fwd_consumers != 2) return cudaErrorInvalidValue;
+          return launch_fwd_ws<T, HD, 2, false, true>(p, kc, stream);
+        }
         if (kc.bias) {  // bias variants: 2 consumers (both tiles), 3 at tile 64
           if constexpr (HD == 64) {
             if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3, true>(p, kc, stream);

@@ -5,7 +5,7 @@
 #   bwd_<layer>.kernels.txt every kernel of one forward + backward call and its duration (gpu__time_duration)
 #   bwd_<layer>.txt       the details page (speed of light, compute / memory workload, warp states, occupancy)
 #   bwd_<layer>_sass.txt  the SASS lines with the most warp-stall samples (top 60, with their stall reasons)
-# Layers "gptoss-bias" / "mha-bias" are the bias rows of tests/gpu/gpu_bench.cpp (one rep: its warm-up and timed calls
+# Layers "gptoss-bias" / "mha-bias" ("gptoss-dropout" / "mha-dropout") are the bias (dropout) rows of tests/gpu/gpu_bench.cpp (one rep: its warm-up and timed calls
 # of the forward and of both backward modes are all listed), run from BENCH (default
 # $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
@@ -28,10 +28,12 @@ for layer in ${LAYERS:-gptoss mha}; do
     mha) cmd="$CLI bench --preset llama3-8b" ;;
     gptoss-bias) cmd="$BENCH 1 gpt-oss-full+bias" ;;
     mha-bias) cmd="$BENCH 1 mha-d128+bias" ;;
+    gptoss-dropout) cmd="$BENCH 1 gpt-oss-full+dropout" ;;
+    mha-dropout) cmd="$BENCH 1 mha-d128+dropout" ;;
     *) echo "unknown layer $layer"; continue ;;
   esac
   run_args=""
-  [[ $layer == *-bias ]] || run_args="--batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda"
+  [[ $layer == *-bias || $layer == *-dropout ]] || run_args="--batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda"
   rep=$OUT/bwd_${layer}${TAG}
   # every kernel of one forward + backward call, with its duration (the backward's small kernels included)
   # shellcheck disable=SC2086

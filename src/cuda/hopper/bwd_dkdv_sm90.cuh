@@ -41,6 +41,8 @@
 // (bench/RESULTS.md, 2026-12-01 third session), per-step turns slowed the GPT-OSS layers (group 8) by 11%.
 #pragma once
 
+#include <type_traits>
+
 #include <cuda.h>
 
 #include "cuda/bwd_rows.cuh"
@@ -178,18 +180,25 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
     const Dropout dr(p, kt.n, kt.hk * p.group + ih);
     const int ib = (qb_lo + iq) * BM + 16 * q;
     uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
+    auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::keep_key_quad), decided once per step
 #pragma unroll 1
-    for (int c0 = 0; c0 < 16; c0 += kIlp) {
-      if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
-        uint32_t kq[kIlp];
+      for (int c0 = 0; c0 < 16; c0 += kIlp) {
+        if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
+          uint32_t kq[kIlp];
 #pragma unroll
-        for (int c = 0; c < kIlp; ++c) kq[c] = dr.keep_key_quad(ib + c0 + c, jq, p.s_kv);
+          for (int c = 0; c < kIlp; ++c)
+            kq[c] = dr.template keep_key_quad<decltype(aligned)::value>(ib + c0 + c, jq, p.s_kv);
 #pragma unroll
-        for (int c = 0; c < kIlp; ++c)
+          for (int c = 0; c < kIlp; ++c)
 #pragma unroll
-          for (int k = 0; k < 4; ++k) rows[k] |= ((kq[c] >> k) & 1u) << (c0 + c);
+            for (int k = 0; k < 4; ++k) rows[k] |= ((kq[c] >> k) & 1u) << (c0 + c);
+        }
       }
-    }
+    };
+    if (p.s_kv % 4 == 0)
+      draw(std::true_type{});
+    else
+      draw(std::false_type{});
 #pragma unroll
     for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
     mbar_arrive(&kb->full[buf]);

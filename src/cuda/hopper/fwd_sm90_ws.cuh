@@ -1,6 +1,6 @@
 // CUDA backend, Hopper: the warp-specialised forward (SPEC.md section 2) on wgmma + TMA, FlashAttention-3's
-// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16, no dropout; a bias in the kBias
-// variant):
+// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16; a bias in the kBias variant,
+// dropout in the kDropout variant):
 //   - one producer warp (its warpgroup gives its registers away: setmaxnreg.dec) loads Q once and K, V of every
 //     key block into a two-stage ring of shared-memory buffers, by TMA where the block lies in the sequence and
 //     by cp.async with zero-fill where it reaches past the sequence's end (rows past len_kv must read as exact
@@ -16,7 +16,12 @@
 //     retire;
 //   - ping-pong: the consumer warpgroups take turns to issue their wgmmas (named barriers, round robin), so that
 //     one warpgroup's softmax overlaps the others' matrix products;
-//   - epilogue: out = O / l, LSE = (m + log2 l) ln 2 through fwd_store_rows (epilogue.cuh), as every forward.
+//   - epilogue: out = O / l, LSE = (m + log2 l) ln 2 through fwd_store_rows (epilogue.cuh), as every forward;
+//   - kDropout: the keep bits of every key block come from two places: the consumers draw those of their fragment's
+//     first kConsumerSlices 8-key slices while S and P V run (Dropout::keep_bits), warps 1 .. 3 of the producer
+//     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are
+//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02 eleventh session: with the producer alone
+//     it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split measured).
 // Tiles (kBlockM query rows of one (sequence, head)) in scheduler.cuh's longest-first order over the whole launch:
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
 // K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
@@ -25,6 +30,9 @@
 
 #include <cuda.h>
 
+#include <type_traits>
+
+#include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
@@ -35,26 +43,94 @@
 
 namespace sinkattn::cuda::sm90 {
 
-template <int HD, int NC_ = 2, bool kBias_ = false>
+template <int HD, int NC_ = 2, bool kBias_ = false, bool kDropout_ = false>
 struct FwdWsTraits {
   static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
   static constexpr int kBlockN = tiles::kSm90WsBlockN;  // keys per step
   static constexpr int kStages = 2;               // K and V buffers each
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
+  // kDropout: warps 1 .. 3 of the producer warpgroup draw the keep bits (fwd_keep_producer) and need registers for
+  // their Philox chains; the consumers give up what the producer warpgroup takes (setmaxnreg, within the block's
+  // launch allocation: 168 a thread at 384 threads).
+  static constexpr int kProducerRegs = kDropout_ ? tiles::sm90_ws_dropout_producer_regs(HD) : 24;
+  static constexpr int kConsumerRegs = kDropout_ ? (168 * 3 - kProducerRegs) / 2 : kNC == 2 ? 240 : 160;
+  static_assert(!kDropout_ || (kNC == 2 && kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
+                               kProducerRegs * 128 + kConsumerRegs * 256 <= 168 * kThreads),
+                "dropout: 2 consumers, registers within the launch allocation");
   // kBias: the bias tiles staged by TMA (Sm90FwdTma::bias_ok), sB [S][kBlockM * kBlockN] in the swizzled row-panel
   // layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most), 184.1 KiB with 3
   // consumers at 64.
   static constexpr int kBiasTile = kBlockM * kBlockN;
   static constexpr int kBiasStages = kBias_ ? kStages : 0;
-  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S])
-  static constexpr int kBars = 2 + 4 * kStages + 2 * kBiasStages;
-  static constexpr int kSmem =
-      (kBlockM * HD + 2 * kStages * kBlockN * HD + kBiasStages * kBiasTile) * 2 + kBars * 8 + 1024;
+  // kDropout: the keep bits of a key block, sKeep [kKeepStages][kBlockM][kBlockN / 16] uint16 (row r = query m0 + r,
+  // chunk c, bit k = key j0 + 16 c + k), a ring of its own (the producer may run ahead of the consumers).
+  static constexpr int kKeepChunks = kBlockN / 16;
+  static constexpr int kKeepTile = kBlockM * kKeepChunks;  // uint16 words
+  static constexpr int kKeepStages = kDropout_ ? 4 : 0;
+  static constexpr int kKeepThreads = 96;  // producer warps 1 .. 3
+  // kDropout: the consumers draw the keep bits of their fragment's first kConsumerSlices 8-key slices themselves
+  // (Dropout::keep_bits, while S and P V run), the producer the rest (chunks kConsumerSlices / 2 ..).
+  static constexpr int kConsumerSlices = kDropout_ ? tiles::sm90_ws_dropout_consumer_slices(HD) : 0;
+  static_assert(kConsumerSlices % 2 == 0 && kConsumerSlices < kBlockN / 8, "whole 16-key chunks to the producer");
+  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S];
+  // kDropout: keep_full[KS], keep_empty[KS])
+  static constexpr int kBars = 2 + 4 * kStages + 2 * kBiasStages + 2 * kKeepStages;
+  static constexpr int kSmem = (kBlockM * HD + 2 * kStages * kBlockN * HD + kBiasStages * kBiasTile +
+                                kKeepStages * kKeepTile) * 2 +
+                               kBars * 8 + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
+
+// kDropout's keep producer (warps 1 .. 3 of the producer warpgroup, rt = 0 .. 95): for every key block the consumers
+// will visit, in their order (the ring position `it` counts the block's key blocks over its tiles, as theirs does),
+// the keep bits of the tile's BM queries x BN keys (SPEC.md section 2, Dropout::keep_key_quad: 4 keys of one
+// query per Philox block) into sKeep[it % KS] once the consumers have read what the stage held KS blocks before.
+// Unit u = (row u / C, 16-key chunk CH0 + u % C; chunks below CH0 are the consumers' own, never written): 4 Philox
+// blocks in flight, bits 0 for a row past len_q or a chunk the row sees no key of (P = 0 there). keep_full[s] takes
+// one arrival per producer thread, keep_empty[s] one per consumer warp.
+template <int BM, int BN, int KS, int NTHR, int CH0, typename TileAt>
+__device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles, const TileAt& tile_at,
+                                                  uint16_t* sKeep, uint64_t* keep_full, uint64_t* keep_empty,
+                                                  int rt) {
+  constexpr int C = BN / 16 - CH0, kUnits = BM * C;  // chunks CH0 .. BN / 16 - 1 of every row
+  int it = 0;
+  for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
+    const auto t = tile_at(L);
+    if (t.nblocks == 0) continue;
+    const Mask mk(p, t.sq);
+    const Dropout dr(p, t.n, t.h);
+    for (int i = 0; i < t.nblocks; ++i, ++it) {
+      const int s = it % KS, j0 = (t.nb_lo + i) * BN;
+      mbar_wait(&keep_empty[s], ((it / KS) & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
+      uint16_t* dst = sKeep + s * BM * (BN / 16);
+      auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::keep_key_quad), decided once per block
+#pragma unroll 1
+        for (int u = rt; u < kUnits; u += NTHR) {
+          const int r = u / C, ch = CH0 + u % C, row = t.m0 + r, jc = j0 + 16 * ch;
+          uint32_t bits = 0;
+          if (row < t.sq.len_q) {
+            int lo, hi;
+            mk.key_range(row, row + 1, lo, hi);
+            if (jc < hi && jc + 16 > lo) {
+              uint32_t kq[4];
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                kq[q] = dr.template keep_key_quad<decltype(aligned)::value>(row, jc + 4 * q, p.s_kv);
+              bits = kq[0] | kq[1] << 4 | kq[2] << 8 | kq[3] << 12;
+            }
+          }
+          dst[r * (BN / 16) + ch] = static_cast<uint16_t>(bits);
+        }
+      };
+      if (p.s_kv % 4 == 0)
+        draw(std::true_type{});
+      else
+        draw(std::false_type{});
+      mbar_arrive(&keep_full[s]);
+    }
+  }
+}
 
 // Named barriers 1 .. kNC (sm90_common.cuh's named_bar_sync / named_bar_arrive) order the consumer warpgroups'
 // wgmma issue.
@@ -69,19 +145,23 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
   if (lane == 0) mbar_arrive(bar);
 }
 
-// kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then).
-template <typename T, int HD, int NC_, bool kBias = false>
-__global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
+// kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then). kDropout: the variant
+// for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes P * keep
+// (the keep bits from fwd_keep_producer), and the epilogue multiplies O by 1 / (1 - p).
+template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false>
+__global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = FwdWsTraits<HD, NC_, kBias>;
+  static_assert(!(kBias && kDropout), "no variant with both (dispatch.cpp)");
+  using Tr = FwdWsTraits<HD, NC_, kBias, kDropout>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   T* sK = sQ + BM * HD;          // [S][BN * HD]
   T* sV = sK + S * BN * HD;      // [S][BN * HD]
   T* sB = sV + S * BN * HD;      // kBias: [S][BM * BN]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);
+  uint16_t* sKeep = reinterpret_cast<uint16_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);  // kDropout: [KS][BM][BN / 16]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sKeep + Tr::kKeepStages * Tr::kKeepTile);
   uint64_t* q_full = bars;
   uint64_t* q_empty = bars + 1;
   uint64_t* k_full = bars + 2;
@@ -90,6 +170,9 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
   uint64_t* v_empty = v_full + S;
   uint64_t* b_full = v_empty + S;  // kBias
   uint64_t* b_empty = b_full + S;
+  constexpr int KS = Tr::kKeepStages;
+  uint64_t* keep_full = b_empty + S;  // kDropout
+  uint64_t* keep_empty = keep_full + KS;
   // kBias: the block's bias tile is staged by TMA (uniform over the launch), else each consumer thread loads its
   // fragment from global memory.
   const bool bias_smem = Tr::kBiasStages > 0 && tma.bias_ok != 0;
@@ -111,6 +194,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
         mbar_init(&b_full[s], 1);
         mbar_init(&b_empty[s], 4 * NC);
       }
+    }
+    for (int s = 0; s < KS; ++s) {
+      mbar_init(&keep_full[s], Tr::kKeepThreads);
+      mbar_init(&keep_empty[s], 4 * NC);
     }
   }
   __syncthreads();
@@ -148,7 +235,13 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer: one warp loads; the others give their registers away and wait at the end -------
+    // (kDropout: they draw the keep bits)
     setmaxnreg_dec<Tr::kProducerRegs>();
+    if constexpr (kDropout) {
+      if (warp != 0)
+        fwd_keep_producer<BM, BN, KS, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(p, num_tiles, tile_at, sKeep,
+                                                                                 keep_full, keep_empty, tid - 32);
+    }
     if (warp == 0) {
       int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
       int qi = 0;  // Q tiles loaded so far
@@ -261,6 +354,14 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
         // session): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
         // A staged tile's buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
+        // kDropout: the keep bits of slices nt < kCS of block i, drawn after its S is issued and before it is waited
+        // for (the Philox chains run beside the wgmmas).
+        constexpr int kCS = Tr::kConsumerSlices;
+        uint64_t own_keep = 0;
+        auto draw_keep = [&](int i) {
+          if constexpr (kDropout && kCS > 0)
+            own_keep = Dropout(p, n, h).template keep_bits<false, kCS>(row_w, (nb_lo + i) * BN, p.s_kv, lane);
+        };
         BiasPrefetch<T, NT> bias;
         const auto bias_off = [](int r, int cc) { return sw_offset<BM>(r, cc); };
         BiasSmemView<T, NT, false, decltype(bias_off)> bias_view(bias_off);
@@ -290,6 +391,30 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
           if constexpr (kBias) {
             if (bias_smem) release(&b_empty[(it + i) % S]);
           }
+          if constexpr (kDropout) {
+            // P * keep for the P V product (s keeps the undropped P up to here: l has summed it): slices
+            // nt < kCS from own_keep (drawn by this thread, bit 4 nt + e), the others from the producer's words: the
+            // thread's rows g, g + 8 of its warp, keys 8 nt + 2 t + (e & 1) of block i (words shifted by 2 t; word 0,
+            // keys 0 .. 63, only where the producer drew some of them).
+            const int ki = it + i, ks = ki % KS;
+            mbar_wait(&keep_full[ks], static_cast<uint32_t>((ki / KS) & 1));
+            const uint16_t* kr = sKeep + ks * Tr::kKeepTile + (c * 64 + wl * 16 + (lane >> 2)) * Tr::kKeepChunks;
+            static_assert(BN == 128, "two 64-bit words of keep bits per row");
+            const uint64_t* k0 = reinterpret_cast<const uint64_t*>(kr);
+            const uint64_t* k8 = reinterpret_cast<const uint64_t*>(kr + 8 * Tr::kKeepChunks);
+            const int sh = 2 * (lane & 3);
+            constexpr bool kWord0 = kCS < 8;
+            const uint64_t w[2][2] = {{kWord0 ? k0[0] >> sh : 0, k0[1] >> sh}, {kWord0 ? k8[0] >> sh : 0, k8[1] >> sh}};
+            release(&keep_empty[ks]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const bool kept = nt < kCS ? (own_keep >> (4 * nt + e)) & 1u
+                                           : (w[e >> 1][nt >> 3] >> (8 * (nt & 7) + (e & 1))) & 1u;
+                if (!kept) s[nt][e] = 0.f;
+              }
+          }
         };
 
         // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
@@ -303,6 +428,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
           issue_s(s, it);
           pass_turn();
           prefetch_bias(0);
+          draw_keep(0);
           wgmma_wait<0>();
           fence_acc(s);
           release(&k_empty[it % S]);
@@ -321,6 +447,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
           issue_pv(ap, prev);
           pass_turn();
           prefetch_bias(i);
+          draw_keep(i);
           wgmma_wait<1>();
           fence_acc(s);
           release(&k_empty[cur % S]);
@@ -348,6 +475,12 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias>::kThreads, 1)
 
       // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a
       // dense batch get exact zeros.
+      if constexpr (kDropout) {  // O = sum_j P_j keep_j V_j / (1 - p)
+#pragma unroll
+        for (int o = 0; o < NO; ++o)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[o][e] *= p.dropout_rscale;
+      }
       fwd_store_rows<T>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
     }
     if (c == 0) named_bar_sync(1, 256);
