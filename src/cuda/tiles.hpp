@@ -60,9 +60,9 @@ constexpr int sm90_ws_bias_consumers(int /*hd*/) { return 2; }
 // Its dropout variant (kDropout): 2 consumers; warps 1 .. 3 of the producer warpgroup draw keep bits with this many
 // registers (setmaxnreg), the consumers take (3 x 168 - this) / 2. The consumers draw the bits of the first
 // sm90_ws_dropout_consumer_slices 8-key slices of every key block, the producer those of the others. H200,
-// bench/RESULTS.md 2026-12-02 eleventh session, GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.94 ms,
+// bench/RESULTS.md 2026-12-02 eleventh session, GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.93 ms,
 // 8: 2.77 / 2.04, 10: 2.49 / 1.70 (12, with two producer units in flight: 2.60 / 2.05); 56 producer registers at
-// head dim 64 instead of 88: 2.87 against 2.63 ms (a build drawing the consumers' slices 5 at a time).
+// head dim 64 instead of 88: 2.88 against 2.64 ms (a build drawing the consumers' slices 5 at a time).
 constexpr int sm90_ws_dropout_consumers(int /*hd*/) { return 2; }
 constexpr int sm90_ws_dropout_producer_regs(int hd) { return hd == 64 ? 88 : 56; }
 constexpr int sm90_ws_dropout_consumer_slices(int /*hd*/) { return 10; }
