@@ -314,13 +314,13 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "no variant with both bias and dropout"));
   c.plan.bias = Use::kAbsent;
   // Dropout alone on Hopper: the warp-specialised forward's dropout variant (2 consumers, whatever
-  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the producer warpgroup), the Hopper dK dV kernel's dropout
+  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the consumers and the producer warpgroup), the Hopper dK dV kernel's dropout
   // variant; dq fused (atomics, or the fixed order when deterministic).
   k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_consumers, 2);
   EXPECT_EQ(k.fwd_block_m, 128);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout, keep bits drawn by the producer warpgroup"));
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout, keep bits drawn by the consumers and the producer warpgroup"));
   EXPECT_TRUE(k.dropout);
   Switches ws3;
   ws3.fwd_ws = 3;

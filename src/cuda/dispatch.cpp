@@ -84,10 +84,12 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // (kBias: the dK dV kernel also writes dS for d_bias, so no dq kernel is needed); not with dropout.
   if (no90.empty() && bias && dropout) no90 = "the Hopper kernels have no variant with both bias and dropout";
   k.bias = bias && no90.empty();
-  // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout: the keep bits drawn
-  // by warps of the producer warpgroup, fwd_keep_producer / keep_producer at tile 64). A first Hopper forward
-  // variant, whose consumer warpgroups drew the bits themselves, was slower than the sm_80 one (bench/RESULTS.md
-  // 2026-12-01 fourth session: 3.32 against 3.07 ms at GPT-OSS full).
+  // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout). Forward: the
+  // consumers draw the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of each key block
+  // while S runs, warps 1 .. 3 of the producer warpgroup the rest (fwd_keep_producer); consumers alone were slower
+  // than the sm_80 forward (bench/RESULTS.md 2026-12-01 fourth session: 3.32 against 3.07 ms at GPT-OSS full), the
+  // producer alone too (2026-12-02 eleventh session: 4.8 ms). dK dV: a keep-bit producer warpgroup at tile 64
+  // (keep_producer), the math warpgroups at tile 128 (tiles::dkdv_sm90_keep_producer).
   k.dropout = dropout;
 
   // ---- forward ----
@@ -180,7 +182,7 @@ std::string KernelChoice::summary(Pass pass) const {
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
             " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") +
             (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") +
-            (dropout ? ", dropout, keep bits drawn by the producer warpgroup" : "") + ")";
+            (dropout ? ", dropout, keep bits drawn by the consumers and the producer warpgroup" : "") + ")";
         break;
       case FwdKernel::kSm80: s = "sm80 fwd (mma.sync)"; break;
       case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
@@ -230,8 +232,9 @@ std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
          ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
          "library carries sm_90a code, for tiles 64 and 128 (bias: the warp-specialised forward and the dK dV kernel, "
-         "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward and the dK dV kernel, "
-         "keep bits drawn by a producer warpgroup; forward: not for windows spanning fewer than " +
+         "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "
+         "the consumers and the producer warpgroup, and the dK dV kernel, its keep bits drawn by a producer warpgroup "
+         "at tile 64 and by the math warpgroups at 128; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "

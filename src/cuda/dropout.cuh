@@ -52,10 +52,21 @@ struct Dropout {
   // every lane of the warp calls it with the same r0, c0.
   template <bool kKeysAreRows>
   __device__ __forceinline__ void factors(int r0, int c0, int s_kv, int lane, float (&f)[4]) const {
-    const uint32_t k = s_kv % 4 == 0 ? keep4<kKeysAreRows, true>(r0, c0, s_kv, lane)
-                                     : keep4<kKeysAreRows, false>(r0, c0, s_kv, lane);
+    uint32_t k = 0;
+    by_key_alignment(s_kv, [&](auto aligned) { k = keep4<kKeysAreRows, decltype(aligned)::value>(r0, c0, s_kv, lane); });
 #pragma unroll
     for (int e = 0; e < 4; ++e) f[e] = (k >> e) & 1u ? rscale : 0.f;
+  }
+
+  // The one s_kv % 4 test of the keep functions below (their kAligned): calls f(std::true_type{}) when every Philox
+  // block (4 consecutive keys of one query) starts at a key j % 4 == 0 of the same query, f(std::false_type{})
+  // otherwise. Callers make it once, outside their loops, so that the Philox chains of a loop body interleave.
+  template <typename F>
+  __device__ __forceinline__ static void by_key_alignment(int s_kv, F&& f) {
+    if (s_kv % 4 == 0)
+      f(std::true_type{});
+    else
+      f(std::false_type{});
   }
 
   // The keep bits of a thread's whole fragment of NT slices (bit 4 nt + e: element (nt, e) of scores.cuh's layout,
@@ -66,15 +77,17 @@ struct Dropout {
   __device__ __forceinline__ uint64_t keep_bits(int r0, int c0, int s_kv, int lane) const {
     static_assert(NT * 4 <= 64, "one bit per element");
     uint64_t bits = 0;
-    if (s_kv % 4 == 0) {
+    by_key_alignment(s_kv, [&](auto aligned) {
+      if constexpr (decltype(aligned)::value) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        bits |= static_cast<uint64_t>(keep4<kKeysAreRows, true>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
-    } else {  // 4 blocks a slice: not unrolled (4 NT chains at once would not fit the registers; a rare case)
+        for (int nt = 0; nt < NT; ++nt)
+          bits |= static_cast<uint64_t>(keep4<kKeysAreRows, true>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
+      } else {  // 4 blocks a slice: not unrolled (4 NT chains at once would not fit the registers; a rare case)
 #pragma unroll 1
-      for (int nt = 0; nt < NT; ++nt)
-        bits |= static_cast<uint64_t>(keep4<kKeysAreRows, false>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
-    }
+        for (int nt = 0; nt < NT; ++nt)
+          bits |= static_cast<uint64_t>(keep4<kKeysAreRows, false>(r0, c0 + nt * 8, s_kv, lane)) << (4 * nt);
+      }
+    });
     return bits;
   }
 

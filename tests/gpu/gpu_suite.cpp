@@ -62,6 +62,7 @@ bool g_always_ref = false;  // --ref: judge by the float64 reference whatever th
 // checks, exact properties) and judges it by SPEC.md section 5 where the reference runs. Exercises the suite's
 // own logic on a machine without a GPU.
 bool g_cpu_only = false;
+int g_sm = 0;  // the device's compute capability (major * 10 + minor); 0 with --cpu-only
 
 // Value written before every call into the elements of an output buffer that are outside the call (SPEC 1:
 // "no backend reads or writes them"); they must still hold it afterwards. Exact in fp16, bf16 and fp32.
@@ -175,6 +176,10 @@ struct Config {
   int layout = 0;  // 0 BSHD / THD, 1 BHSD / HTD, 2 SBHD (padded head stride)
   bool poison = true;
   bool edge = false;  // an edge case: the CPU-fed CUDA backward is judged by the reference too
+  // The project's case file, "kernels": {"forward": ..., "backward": ...}: parts of sinkattn_query_backend's
+  // report that the call must show on an sm_90 device (the kernel the case exists to exercise; checked there so
+  // that a dispatch change cannot move the case off that kernel unnoticed).
+  std::vector<std::string> want_fwd_kernel, want_bwd_kernel;
   uint64_t data_seed = 1;
 
   std::string describe() const {
@@ -1176,6 +1181,22 @@ std::unique_ptr<Job> prepare(const Config& cfg) {
     const sinkattn_status_t st = sinkattn_query_backend(&autop, 0, &chosen, report, sizeof(report));
     ctx.check(st == SINKATTN_OK && chosen == SINKATTN_BACKEND_CUDA,
               std::string("auto dispatch did not choose cuda for device memory: ") + report);
+    // The kernels the case was written for (sm_90 only: elsewhere the sm_80 kernels run every call).
+    if (g_sm == 90) {
+      for (const std::string& part : c.want_fwd_kernel)
+        ctx.check(std::string(report).find(part) != std::string::npos,
+                  "forward not on the case's kernel (\"" + part + "\"): " + report);
+      if (grad && !c.want_bwd_kernel.empty()) {
+        sinkattn_params_t bp = make_params(P, true, true);
+        bp.backend = SINKATTN_BACKEND_AUTO;
+        char breport[1024];
+        const sinkattn_status_t bst = sinkattn_query_backend(&bp, 1, &chosen, breport, sizeof(breport));
+        ctx.check(bst == SINKATTN_OK, std::string("backward query_backend failed: ") + breport);
+        for (const std::string& part : c.want_bwd_kernel)
+          ctx.check(std::string(breport).find(part) != std::string::npos,
+                    "backward not on the case's kernel (\"" + part + "\"): " + breport);
+      }
+    }
   }
   if (!run_forward(P, Dev::kCuda, job->cu_f, ctx, "cuda")) return job;
   ctx.check(job->cu_f.rng == want_rng, "cuda: rng_state not written as {seed, offset}");
@@ -1468,6 +1489,18 @@ std::vector<Config> cases_from_json(const std::string& path) {
       }
       if (cj.has("isolate_head0"))  // the project's case file: NaN / +inf sinks for head 0
         for (const auto& x : cj["isolate_head0"].arr) c.isolate_head0.push_back(json_float(x));
+      if (cj.has("kernels")) {  // each a string or a list of strings
+        auto parts = [&](const char* key, std::vector<std::string>& v) {
+          if (!cj["kernels"].has(key)) return;
+          const auto& x = cj["kernels"][key];
+          if (x.is_arr())
+            for (const auto& e : x.arr) v.push_back(e.str);
+          else
+            v.push_back(x.str);
+        };
+        parts("forward", c.want_fwd_kernel);
+        parts("backward", c.want_bwd_kernel);
+      }
       c.edge = true;
       out.push_back(c);
       // Every case also runs deterministic and in a second layout.
@@ -1682,6 +1715,7 @@ int main(int argc, char** argv) {
     CK(cudaGetDeviceCount(&dev_count));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    g_sm = prop.major * 10 + prop.minor;
     std::printf("sinkattn GPU suite on %s (sm_%d%d); sweep seed %llu (rerun: --seed %llu --only K)\n", prop.name,
                 prop.major, prop.minor, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
     char info[4096];

@@ -5,6 +5,7 @@
 #   bwd_<layer>.kernels.txt every kernel of one forward + backward call and its duration (gpu__time_duration)
 #   bwd_<layer>.txt       the details page (speed of light, compute / memory workload, warp states, occupancy)
 #   bwd_<layer>_sass.txt  the SASS lines with the most warp-stall samples (top 60, with their stall reasons)
+# Layers "gptoss-det" / "mha-det": the same with the deterministic backward (deterministic = 1).
 # Layers "gptoss-bias" / "mha-bias" ("gptoss-dropout" / "mha-dropout") are the bias (dropout) rows of tests/gpu/gpu_bench.cpp (one rep: its warm-up and timed calls
 # of the forward and of both backward modes are all listed), run from BENCH (default
 # $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
@@ -26,6 +27,8 @@ for layer in ${LAYERS:-gptoss mha}; do
   case $layer in
     gptoss) cmd="$CLI bench --preset gpt-oss-20b --layer full" ;;
     mha) cmd="$CLI bench --preset llama3-8b" ;;
+    gptoss-det) cmd="$CLI bench --preset gpt-oss-20b --layer full --deterministic" ;;
+    mha-det) cmd="$CLI bench --preset llama3-8b --deterministic" ;;
     gptoss-bias) cmd="$BENCH 1 gpt-oss-full+bias" ;;
     mha-bias) cmd="$BENCH 1 mha-d128+bias" ;;
     gptoss-dropout) cmd="$BENCH 1 gpt-oss-full+dropout" ;;

@@ -180,7 +180,7 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
     const Dropout dr(p, kt.n, kt.hk * p.group + ih);
     const int ib = (qb_lo + iq) * BM + 16 * q;
     uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
-    auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::keep_key_quad), decided once per step
+    auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per step
 #pragma unroll 1
       for (int c0 = 0; c0 < 16; c0 += kIlp) {
         if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
@@ -195,10 +195,7 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
         }
       }
     };
-    if (p.s_kv % 4 == 0)
-      draw(std::true_type{});
-    else
-      draw(std::false_type{});
+    Dropout::by_key_alignment(p.s_kv, draw);
 #pragma unroll
     for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
     mbar_arrive(&kb->full[buf]);

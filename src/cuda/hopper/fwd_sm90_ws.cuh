@@ -50,9 +50,9 @@ struct FwdWsTraits {
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
   static constexpr int kBlockN = tiles::kSm90WsBlockN;  // keys per step
   static constexpr int kStages = 2;               // K and V buffers each
-  // kDropout: warps 1 .. 3 of the producer warpgroup draw the keep bits (fwd_keep_producer) and need registers for
-  // their Philox chains; the consumers give up what the producer warpgroup takes (setmaxnreg, within the block's
-  // launch allocation: 168 a thread at 384 threads).
+  // kDropout: warps 1 .. 3 of the producer warpgroup draw the keep bits of the slices the consumers leave
+  // (fwd_keep_producer) and need registers for their Philox chains; the consumers give up what the producer
+  // warpgroup takes (setmaxnreg, within the block's launch allocation: 168 a thread at 384 threads).
   static constexpr int kProducerRegs = kDropout_ ? tiles::sm90_ws_dropout_producer_regs(HD) : 24;
   static constexpr int kConsumerRegs = kDropout_ ? (168 * 3 - kProducerRegs) / 2 : kNC == 2 ? 240 : 160;
   static_assert(!kDropout_ || (kNC == 2 && kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
@@ -68,7 +68,8 @@ struct FwdWsTraits {
   static constexpr int kKeepChunks = kBlockN / 16;
   static constexpr int kKeepTile = kBlockM * kKeepChunks;  // uint16 words
   static constexpr int kKeepStages = kDropout_ ? 4 : 0;
-  static constexpr int kKeepThreads = 96;  // producer warps 1 .. 3
+  static constexpr int kKeepThreads = 96;  // producer warps 1 .. 3 (every producer warp but warp 0, the loader)
+  static_assert(kKeepThreads == 128 - 32, "the kernel runs fwd_keep_producer on producer warps != 0");
   // kDropout: the consumers draw the keep bits of their fragment's first kConsumerSlices 8-key slices themselves
   // (Dropout::keep_bits, while S and P V run), the producer the rest (chunks kConsumerSlices / 2 ..).
   static constexpr int kConsumerSlices = kDropout_ ? tiles::sm90_ws_dropout_consumer_slices(HD) : 0;
@@ -87,7 +88,8 @@ struct FwdWsTraits {
 // the keep bits of the tile's BM queries x BN keys (SPEC.md section 2, Dropout::keep_key_quad: 4 keys of one
 // query per Philox block) into sKeep[it % KS] once the consumers have read what the stage held KS blocks before.
 // Unit u = (row u / C, 16-key chunk CH0 + u % C; chunks below CH0 are the consumers' own, never written): 4 Philox
-// blocks in flight, bits 0 for a row past len_q or a chunk the row sees no key of (P = 0 there). keep_full[s] takes
+// blocks in flight when s_kv % 4 == 0 (keep_key_quad<true>; otherwise one block per key, drawn one after another),
+// bits 0 for a row past len_q or a chunk the row sees no key of (P = 0 there). keep_full[s] takes
 // one arrival per producer thread, keep_empty[s] one per consumer warp.
 template <int BM, int BN, int KS, int NTHR, int CH0, typename TileAt>
 __device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles, const TileAt& tile_at,
@@ -104,7 +106,7 @@ __device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles
       const int s = it % KS, j0 = (t.nb_lo + i) * BN;
       mbar_wait(&keep_empty[s], ((it / KS) & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
       uint16_t* dst = sKeep + s * BM * (BN / 16);
-      auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::keep_key_quad), decided once per block
+      auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per block
 #pragma unroll 1
         for (int u = rt; u < kUnits; u += NTHR) {
           const int r = u / C, ch = CH0 + u % C, row = t.m0 + r, jc = j0 + 16 * ch;
@@ -123,10 +125,7 @@ __device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles
           dst[r * (BN / 16) + ch] = static_cast<uint16_t>(bits);
         }
       };
-      if (p.s_kv % 4 == 0)
-        draw(std::true_type{});
-      else
-        draw(std::false_type{});
+      Dropout::by_key_alignment(p.s_kv, draw);
       mbar_arrive(&keep_full[s]);
     }
   }
@@ -147,7 +146,9 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
 
 // kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then). kDropout: the variant
 // for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes P * keep
-// (the keep bits from fwd_keep_producer), and the epilogue multiplies O by 1 / (1 - p).
+// (the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of a key block drawn by the
+// consumer itself while S runs, those of the other slices by fwd_keep_producer into sKeep), and the epilogue
+// multiplies O by 1 / (1 - p).
 template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false>
 __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
