@@ -168,30 +168,44 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto time_it = [&](bool bwd) {
-      std::vector<float> ts;
-      for (int r = 0; r < reps + 3; ++r) {
-        set(r % kSets);
-        CK(cudaEventRecord(e0));
-        const sinkattn_status_t st = bwd ? sinkattn_backward(&p) : sinkattn_forward(&p);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        if (st != SINKATTN_OK) {
-          std::printf("%s: %s\n", sh.name, sinkattn_last_error());
-          std::exit(1);
-        }
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 3) ts.push_back(ms);
+    auto call_ms = [&](bool bwd) {
+      CK(cudaEventRecord(e0));
+      const sinkattn_status_t st = bwd ? sinkattn_backward(&p) : sinkattn_forward(&p);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      if (st != SINKATTN_OK) {
+        std::printf("%s: %s\n", sh.name, sinkattn_last_error());
+        std::exit(1);
       }
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      return ms;
+    };
+    auto median = [](std::vector<float>& ts) {
       std::sort(ts.begin(), ts.end());
       return ts[ts.size() / 2];
     };
-    const float f = time_it(false);
-    const float b = time_it(true);
-    p.deterministic = 1;  // the atomic-free backward, for comparison
-    const float bd = time_it(true);
+    std::vector<float> tf, tb, td;
+    for (int r = 0; r < reps + 3; ++r) {
+      set(r % kSets);
+      const float ms = call_ms(false);
+      if (r >= 3) tf.push_back(ms);
+    }
+    // The default and the deterministic (atomic-free) backward in alternation, each rep both in an order that
+    // alternates, so that clock and power drift over the run hit both alike and "det x" compares like with like
+    // (the deterministic calls used to come last; both ways read the same within 0.01 on the H200,
+    // bench/RESULTS.md 2026-12-03 twelfth session).
+    for (int r = 0; r < reps + 3; ++r) {
+      set(r % kSets);
+      for (int k = 0; k < 2; ++k) {
+        const bool det = (k + r) % 2 == 1;
+        p.deterministic = det ? 1 : 0;
+        const float ms = call_ms(true);
+        if (r >= 3) (det ? td : tb).push_back(ms);
+      }
+    }
     p.deterministic = 0;
+    const float f = median(tf), b = median(tb), bd = median(td);
     // "x plain": against the row of the same layer without bias / dropout measured earlier in this run
     char plain_col[32] = "-";
     if (sh.bias || sh.dropout_p > 0) {

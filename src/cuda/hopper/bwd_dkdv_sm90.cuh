@@ -37,7 +37,9 @@
 // descending, the first step of a query block reads its counter early and, before its dQ adds, waits for its turn
 // while dQ and dK run (thread 0 alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one
 // lane per warp), and the step after its last one releases the turn (thread 0, once the reduce-adds have completed,
-// while that step's dQ and dK run). One turn per query block, not per (query head, query block): measured
+// while that step's dQ and dK run; the thread issues no loads in this variant, kLoader). Releasing later (one more
+// step, or by warp 7 after the next barrier) measured slower: the successor waits for the release
+// (bench/RESULTS.md, 2026-12-03 twelfth session). One turn per query block, not per (query head, query block): measured
 // (bench/RESULTS.md, 2026-12-01 third session), per-step turns slowed the GPT-OSS layers (group 8) by 11%.
 #pragma once
 
@@ -336,6 +338,13 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     issue_bias(0, hk * p.group + ih, (qb_lo + iq) * BM, bias_bar);
   };
   RowStatsPrefetch<BM> pf;
+  // kDet: thread 0 releases the query blocks' turns, and a release is a MEMBAR.GPU, which waits for every memory
+  // operation the thread has in flight. So (without a bias, whose tiles thread 0 stages on the same barrier) lane 0
+  // of warp 1 issues the step's Q / dO TMA loads, and threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D: with
+  // thread 0 issuing both, the release waited for the next step's tiles, 0.24 ms of the deterministic backward at the
+  // MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03 twelfth session).
+  constexpr int kLoader = kDet && !kBias ? 32 : 0;
+  const int pf_tid = kDet ? tid ^ 64 : tid;
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
@@ -343,7 +352,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     const bool bias_here = kBias && !kBiasOneBuf && bias_smem;
     const uint32_t bias_bytes = bias_here ? Tr::kBiasTile * sizeof(T) : 0u;
     if (tma_block(i0)) {
-      if (tid == 0) {
+      if (tid == kLoader) {
         mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T) + bias_bytes);
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
@@ -360,14 +369,14 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       if (bias_here && tid == 0) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
     }
     if (bias_here && tid == 0) issue_bias(buf, h, i0, &bars[buf]);
-    pf.load(p, sq, n, h, i0, tid);
+    pf.load(p, sq, n, h, i0, pf_tid);
   };
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
     issue(0, ih, iq);
     if (kBiasOneBuf && bias_smem && tid == 0) issue_bias_one(ih, iq);
-    pf.store(sL, sD, 0, tid);
+    pf.store(sL, sD, 0, pf_tid);
   }
   cp_async_commit();
 
@@ -649,7 +658,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       fence_acc(acc_dk);
       fence_acc(acc_dv);
     }
-    if (prefetch) pf.store(sL, sD, buf ^ 1, tid);
+    if (prefetch) pf.store(sL, sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
