@@ -314,8 +314,8 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "no variant with both bias and dropout"));
   c.plan.bias = Use::kAbsent;
   // Dropout alone on Hopper: the warp-specialised forward's dropout variant (2 consumers, whatever
-  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the consumers and the producer warpgroup), the Hopper dK dV kernel's dropout
-  // variant; dq fused (atomics, or the fixed order when deterministic).
+  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the consumers and the producer warpgroup), the Hopper dK dV
+  // kernel's dropout variant; dq fused (atomics, or the fixed order when deterministic).
   k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_consumers, 2);

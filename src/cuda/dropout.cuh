@@ -53,7 +53,8 @@ struct Dropout {
   template <bool kKeysAreRows>
   __device__ __forceinline__ void factors(int r0, int c0, int s_kv, int lane, float (&f)[4]) const {
     uint32_t k = 0;
-    by_key_alignment(s_kv, [&](auto aligned) { k = keep4<kKeysAreRows, decltype(aligned)::value>(r0, c0, s_kv, lane); });
+    by_key_alignment(s_kv,
+                     [&](auto aligned) { k = keep4<kKeysAreRows, decltype(aligned)::value>(r0, c0, s_kv, lane); });
 #pragma unroll
     for (int e = 0; e < 4; ++e) f[e] = (k >> e) & 1u ? rscale : 0.f;
   }

@@ -1493,10 +1493,16 @@ std::vector<Config> cases_from_json(const std::string& path) {
         auto parts = [&](const char* key, std::vector<std::string>& v) {
           if (!cj["kernels"].has(key)) return;
           const auto& x = cj["kernels"][key];
+          auto part = [&](const auto& e) {  // a non-empty string: "" would match every report
+            if (!e.is_str() || e.str.empty())
+              throw std::runtime_error("case file: " + cj["name"].str + ": kernels." + key +
+                                       ": not a non-empty string");
+            v.push_back(e.str);
+          };
           if (x.is_arr())
-            for (const auto& e : x.arr) v.push_back(e.str);
+            for (const auto& e : x.arr) part(e);
           else
-            v.push_back(x.str);
+            part(x);
         };
         parts("forward", c.want_fwd_kernel);
         parts("backward", c.want_bwd_kernel);

@@ -339,8 +339,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   };
   RowStatsPrefetch<BM> pf;
   // kDet: thread 0 releases the query blocks' turns, and a release is a MEMBAR.GPU, which waits for every memory
-  // operation the thread has in flight. So (without a bias, whose tiles thread 0 stages on the same barrier) lane 0
-  // of warp 1 issues the step's Q / dO TMA loads, and threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D: with
+  // operation the thread has in flight. So threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D, and lane 0 of
+  // warp 1 issues the step's Q / dO TMA loads (not with a bias: thread 0 stages its tiles on the same barrier): with
   // thread 0 issuing both, the release waited for the next step's tiles, 0.24 ms of the deterministic backward at the
   // MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03 twelfth session).
   constexpr int kLoader = kDet && !kBias ? 32 : 0;
