@@ -422,6 +422,50 @@ TEST(CudaDispatch, TmaNeedsWholeBoxes) {
   EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).fwd_tma);
 }
 
+TEST(CudaDispatch, TileOrderL2Sections) {
+  // An H200 as the runtime reports it: 50 MiB of L2, 132 SMs; the K / V budget is 5/8 of it (32768000 bytes).
+  const DeviceProps h200{9, 0, true, 50 << 20, 132};
+  // MHA (64 pairs, 32 query blocks each): 2 MiB of K / V per head -> 15 heads fit (above two waves' 9), evened out
+  // to 5 sections of 13.
+  const Call mha = make_call(SINKATTN_BF16, 128, 4096, 32, 32, -1, 0, true);
+  const KernelChoice m = choose_kernels(mha, h200, Switches{});
+  EXPECT_EQ(m.fwd_section, 13);
+  EXPECT_EQ(m.summary(Pass::kForward),
+            "hopper fwd (wgmma, warp-specialised: producer warp + 2 consumer warpgroups, persistent), tile 128 x 128, "
+            "TMA, L2 sections of 13 heads");
+  EXPECT_FALSE(has(m.summary(Pass::kBackward), "L2"));  // the dK dV kernel keeps the plain order
+  // MHA at s 16384 (b 1, 32 pairs): 8 MiB per head -> 3, below two waves' 3 (128 query blocks: ceil(264 / 128) = 3).
+  Call mha16k = make_call(SINKATTN_BF16, 128, 16384, 32, 32, -1, 0);
+  mha16k.b = 1;
+  EXPECT_EQ(choose_kernels(mha16k, h200, Switches{}).fwd_section, 3);
+  // s 1024: 0.5 MiB of K / V per head, 62 of 64 fit -> 2 sections of 32.
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 1024, 32, 32, -1, 0), h200, Switches{}).fwd_section, 32);
+  Call wide = make_call(SINKATTN_BF16, 128, 1024, 32, 32, -1, 0);
+  wide.s_kv = 16384;  // 8 MiB of K / V per head: 3 fit, but 8 query blocks ask for 33 pairs -> 2 sections of 32
+  EXPECT_EQ(choose_kernels(wide, h200, Switches{}).fwd_section, 32);
+  // Everything fits: one section.
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 512, 32, 32, -1, 0), h200, Switches{}).fwd_section, 0);
+  // GPT-OSS: the K / V of all 16 KV heads fit (one section).
+  const KernelChoice g = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true), h200, Switches{});
+  EXPECT_EQ(g.fwd_section, 0);
+  EXPECT_FALSE(has(g.summary(Pass::kForward), "L2 sections"));
+  // GQA at s 32768: 8 MiB per KV head -> 3 KV heads = 24 query heads per section (whole groups).
+  Call gqa = make_call(SINKATTN_BF16, 64, 32768, 64, 8, -1, 0);
+  gqa.b = 1;
+  EXPECT_EQ(choose_kernels(gqa, h200, Switches{}).fwd_section, 24);
+  // The switch: pairs per section (0: none); an unknown L2 (the other tests' devices): no sections.
+  Switches sw;
+  sw.fwd_section = 0;
+  EXPECT_EQ(choose_kernels(mha, h200, sw).fwd_section, 0);
+  sw.fwd_section = 9;
+  EXPECT_EQ(choose_kernels(mha, h200, sw).fwd_section, 9);
+  sw.fwd_section = 64;  // every pair: one section
+  EXPECT_EQ(choose_kernels(mha, h200, sw).fwd_section, 0);
+  EXPECT_EQ(choose_kernels(mha, kH200, Switches{}).fwd_section, 0);
+  // Off Hopper (the sm_80 kernels keep the plain order).
+  EXPECT_EQ(choose_kernels(mha, DeviceProps{8, 0, true, 40 << 20, 108}, Switches{}).fwd_section, 0);
+}
+
 TEST(CudaDispatch, Fp32Path) {
   const KernelChoice k = choose_kernels(make_call(SINKATTN_F32, 64, 512, 4, 4, -1, 0, true), kH200, Switches{});
   EXPECT_TRUE(k.fp32);
@@ -432,7 +476,8 @@ TEST(CudaDispatch, Fp32Path) {
 TEST(CudaDispatch, RulesTextNamesTheSwitches) {
   const std::string r = dispatch_rules();
   for (const char* s : {"SINKATTN_CUDA_NO_SM90", "SINKATTN_CUDA_NO_TMA", "SINKATTN_CUDA_DET_SM80", "512",
-                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE", "SINKATTN_CUDA_DQ_ATOMICS"})
+                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE", "SINKATTN_CUDA_DQ_ATOMICS",
+                        "SINKATTN_CUDA_FWD_SECTION"})
     EXPECT_TRUE(has(r, s)) << s;
 }
 

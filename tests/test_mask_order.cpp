@@ -384,5 +384,70 @@ TEST(Scheduler, LaunchOrderIsLongestFirst) {
   EXPECT_EQ(seen.size(), gx * gy * gz);
 }
 
+TEST(Scheduler, L2SectionsVisitEveryTileOnceLongestFirstWithinEachSection) {
+  // Sections of `section` consecutive pairs (head fastest), the last one narrower: every tile once; within a section
+  // the block index is nondecreasing and every pair of the section appears once per block, each pair's blocks one by
+  // one; sections in order.
+  for (unsigned gx : {1u, 4u, 7u})
+    for (unsigned gy : {1u, 3u, 8u})
+      for (unsigned gz : {1u, 2u, 5u})
+        for (unsigned long long section : {0ull, 1ull, 2ull, 5ull, 16ull, 1000ull}) {
+          const unsigned long long pairs = cuda::tile_pairs(gy, gz), n = pairs * gx;
+          const unsigned long long width = section == 0 || section > pairs ? pairs : section;
+          std::set<std::tuple<int, int, int>> seen;
+          std::map<long long, int> last_block;  // pair -> its last block
+          for (unsigned long long l = 0; l < n; ++l) {
+            const cuda::TileCoord t = cuda::tile_of_linear_sectioned(l, pairs, gx, gy, false, section);
+            const long long pair = static_cast<long long>(t.batch) * gy + t.head;
+            ASSERT_GE(t.block, 0);
+            ASSERT_LT(t.block, static_cast<int>(gx));
+            ASSERT_LT(static_cast<unsigned long long>(pair), pairs);
+            // the section of this position holds this pair
+            ASSERT_EQ(static_cast<unsigned long long>(pair) / width, l / (width * gx))
+                << "gx " << gx << " gy " << gy << " gz " << gz << " section " << section << " l " << l;
+            auto it = last_block.find(pair);
+            if (it != last_block.end()) {
+              ASSERT_EQ(t.block, it->second + 1) << "a pair's blocks ascend one by one";
+            } else {
+              ASSERT_EQ(t.block, 0);
+            }
+            last_block[pair] = t.block;
+            seen.insert({t.block, t.head, t.batch});
+            const cuda::TileCoord u = cuda::tile_of_linear_sectioned(l, pairs, gx, gy, true, section);
+            ASSERT_EQ(u.block, static_cast<int>(gx) - 1 - t.block);
+            ASSERT_EQ(u.head, t.head);
+            ASSERT_EQ(u.batch, t.batch);
+          }
+          EXPECT_EQ(seen.size(), n);
+          if (width == pairs) {  // one section: the plain order
+            for (unsigned long long l = 0; l < n; ++l) {
+              const cuda::TileCoord a = cuda::tile_of_linear_sectioned(l, pairs, gx, gy, true, section);
+              const cuda::TileCoord b = cuda::tile_of_linear(l, pairs, gx, gy, true);
+              ASSERT_EQ(a.block, b.block);
+              ASSERT_EQ(a.head, b.head);
+              ASSERT_EQ(a.batch, b.batch);
+            }
+          }
+        }
+}
+
+TEST(Scheduler, L2SectionPairs) {
+  // The pairs whose bytes fit the budget, at least one, in whole units; all pairs when everything fits or nothing is
+  // known.
+  EXPECT_EQ(cuda::l2_section_pairs(64, 2 << 20, 32 << 20), 16);        // MHA s 4096: 2 MiB of K / V per head
+  EXPECT_EQ(cuda::l2_section_pairs(128, 1 << 20, 32 << 20, 8), 128);   // GPT-OSS: 16 KV heads of 1 MiB all fit
+  EXPECT_EQ(cuda::l2_section_pairs(128, 5 << 20, 32 << 20, 8), 48);    // 6 KV heads of 5 MiB, 8 query heads each
+  EXPECT_EQ(cuda::l2_section_pairs(64, 64 << 20, 32 << 20), 1);        // one pair over the budget: one at a time
+  EXPECT_EQ(cuda::l2_section_pairs(64, 64 << 20, 32 << 20, 4), 4);
+  EXPECT_EQ(cuda::l2_section_pairs(64, 2 << 20, 0), 64);               // no budget: no sections
+  EXPECT_EQ(cuda::l2_section_pairs(64, 0, 32 << 20), 64);
+  EXPECT_EQ(cuda::l2_section_pairs(0, 2 << 20, 32 << 20), 0);
+  EXPECT_EQ(cuda::l2_section_pairs(64, 2 << 20, 32 << 20, 1, 9), 16);  // at least min_pairs
+  EXPECT_EQ(cuda::l2_section_pairs(64, 4 << 20, 32 << 20, 1, 9), 8);   // 9 -> 8 sections of 8
+  EXPECT_EQ(cuda::l2_section_pairs(128, 5 << 20, 32 << 20, 8, 50), 48);  // 56 (whole units) -> 3 sections of 48
+  EXPECT_EQ(cuda::l2_section_pairs(64, 2 << 20, 30 << 20), 13);         // 15 -> 5 sections of 13 (the last 12)
+  EXPECT_EQ(cuda::l2_section_pairs(64, 1 << 19, 31 << 20), 32);         // 62 -> 2 sections of 32
+}
+
 }  // namespace
 }  // namespace sinkattn

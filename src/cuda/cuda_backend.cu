@@ -57,6 +57,16 @@ cuda::DeviceProps current_device_props() {
     cudaGetLastError();
     d.cc_major = d.cc_minor = 0;
   }
+  int l2 = 0;
+  if (d.cc_major > 0) {
+    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+      d.l2_bytes = l2;
+    } else {
+      cudaGetLastError();
+      d.sms = 0;
+    }
+  }
   return d;
 }
 
@@ -381,6 +391,7 @@ class CudaBackend final : public Backend {
     if (c.pass == Pass::kBackward && w.total > 0 && c.p->workspace == nullptr)
       return invalid("workspace: NULL but the CUDA backward needs " + std::to_string(w.total) + " bytes");
     Params k = make_params(c, w);
+    k.fwd_section = kc.fwd_section;
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {

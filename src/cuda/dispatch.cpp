@@ -1,10 +1,12 @@
 // See dispatch.hpp. Host-only C++: compiled into the CUDA backend and, alone, into tests/test_cuda_dispatch.cpp.
 #include "cuda/dispatch.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "cuda/decode/decode_rules.hpp"
+#include "cuda/scheduler.hpp"
 #include "cuda/tiles.hpp"
 
 namespace sinkattn::cuda {
@@ -45,9 +47,20 @@ Switches switches_from_env() {
     x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
     x.no_dbias_group_sum = env_on("SINKATTN_CUDA_NO_DBIAS_GROUP_SUM");
     x.no_bias_tma = env_on("SINKATTN_CUDA_NO_BIAS_TMA");
+    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_SECTION"); v != nullptr && v[0] != '\0')
+      x.fwd_section = std::max(0, std::atoi(v));
     return x;
   }();
   return s;
+}
+
+int fwd_section_pairs(const Call& c, int64_t mblocks, const DeviceProps& dev, const Switches& sw) {
+  const int64_t pairs = c.h_q * c.b;
+  int64_t section = sw.fwd_section;
+  if (section < 0)
+    section = l2_section_pairs(pairs, c.s_kv * (c.d + c.d_v) * 2, dev.l2_bytes / 8 * 5, c.group,
+                               mblocks > 0 ? (2 * dev.sms + mblocks - 1) / mblocks : 1);
+  return section > 0 && section < pairs ? static_cast<int>(section) : 0;
 }
 
 std::string hopper_unavailable(const DeviceProps& dev, const Switches& sw) {
@@ -126,6 +139,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::kSm90WsBlockN;
       k.fwd_persistent = sw.fwd_ws_persistent;
+      k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
     } else {
       k.fwd = FwdKernel::kSm90;
       k.fwd_block_m = tiles::fwd_sm90_block_m(k.tile);
@@ -193,6 +207,7 @@ std::string KernelChoice::summary(Pass pass) const {
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
     if (fwd == FwdKernel::kSm90 || fwd == FwdKernel::kSm90Ws) s += fwd_tma ? ", TMA" : ", cp.async";
+    if (fwd_section > 0) s += ", L2 sections of " + std::to_string(fwd_section) + " heads";
     if (!fwd_why.empty()) s += ": " + fwd_why;
     return s;
   }
@@ -247,9 +262,12 @@ std::string dispatch_rules() {
          "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "
          "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "
          "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
+         "Tile order: longest first; the warp-specialised forward's in L2 sections of the heads whose K / V fit 5/8 "
+         "of the L2. "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
          "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
-         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1";
+         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1, "
+         "SINKATTN_CUDA_FWD_SECTION=N";
 }
 
 }  // namespace sinkattn::cuda

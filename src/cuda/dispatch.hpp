@@ -16,6 +16,8 @@ namespace sinkattn::cuda {
 struct DeviceProps {
   int cc_major = 0, cc_minor = 0;  // compute capability
   bool sm90a_code = false;         // the library carries sm_90a code (CMAKE_CUDA_ARCHITECTURES lists 90a)
+  int64_t l2_bytes = 0;            // L2 cache size (0: unknown; the tile order then has no L2 sections)
+  int sms = 0;                     // multiprocessors (the sections' two-wave minimum; 0: none)
 };
 
 // Environment switches that turn kernels off, for A/B runs (switches_from_env() reads them once per process):
@@ -34,6 +36,9 @@ struct DeviceProps {
 //   SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1 the Hopper dK dV kernel writes every query head's dS to the d_bias workspace
 //   SINKATTN_CUDA_NO_BIAS_TMA=1 the Hopper kernels' bias variants load each thread's bias fragment from global memory
 //                             instead of staging the bias tiles in shared memory by TMA
+//   SINKATTN_CUDA_FWD_SECTION=N the warp-specialised forward's tiles in L2 sections of N (head, sequence) pairs
+//                             (scheduler.hpp); 0: no sections (the plain longest-first order); unset: the pairs whose
+//                             K / V fit 5/8 of the device's L2 (fwd_section_pairs)
 struct Switches {
   bool no_sm90 = false;
   bool no_tma = false;
@@ -45,8 +50,15 @@ struct Switches {
   bool dq_atomics = false;
   bool no_dbias_group_sum = false;
   bool no_bias_tma = false;
+  int fwd_section = -1;  // -1: the L2 rule
 };
 Switches switches_from_env();
+
+// Pairs per L2 section of the warp-specialised forward's tile order (scheduler.hpp; 0: one section): the switch, else
+// the query heads of as many KV heads as have their K / V within 5/8 of the device's L2 (about FlashAttention-3's
+// 32 MiB on an H100 / H200's 50 MiB: the rest holds the tiles' Q, O and other traffic), at least two waves of tiles
+// per section. mblocks: the call's query blocks per (head, sequence).
+int fwd_section_pairs(const Call& c, int64_t mblocks, const DeviceProps& dev, const Switches& sw);
 
 // Extra: the variant with bias / dropout compiled in; Paged: K / V read through a page table (SPEC 1);
 // Sm90Ws: the warp-specialised Hopper forward; Decode: decode/ (up to 16 query rows per sequence, split-KV).
@@ -78,6 +90,9 @@ struct KernelChoice {
   bool fwd_bias_tma = false, dkdv_bias_tma = false;
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
+  // kSm90Ws: (head, sequence) pairs per L2 section of the tile order (scheduler.hpp, fwd_section_pairs; 0: one
+  // section, the plain longest-first order).
+  int fwd_section = 0;
   DkvKernel dkdv = DkvKernel::kSm80;
   int dkdv_block_n = 0, dkdv_block_m = 0;
   bool dkdv_tma = false;

@@ -89,6 +89,9 @@ struct Params {
   // Deterministic fused dq (DqPath::kFusedOrdered, dq_order.hpp): [0] the ticket counter, then one semaphore per
   // (sequence, KV head, query block of 64 rows); zeroed by the launch sequence before the dK dV kernel.
   unsigned* ws_dq_sem;
+  // ---- tile order (scheduler.hpp): pairs per L2 section of the warp-specialised forward's tiles (0: one section);
+  // KernelChoice::fwd_section, set by the backend's run (last: the other members keep their offsets) ----
+  int fwd_section;
 };
 
 // One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).

@@ -22,7 +22,8 @@
 //     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are
 //     what this variant spends its time on (bench/RESULTS.md, 2026-12-02 eleventh session: with the producer alone
 //     it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split measured).
-// Tiles (kBlockM query rows of one (sequence, head)) in scheduler.cuh's longest-first order over the whole launch:
+// Tiles (kBlockM query rows of one (sequence, head)) in scheduler.hpp's longest-first order over the whole launch (in
+// L2 sections of p.fwd_section heads):
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
 // K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
 // per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
@@ -211,11 +212,11 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
   };
   auto tile_at = [&](int64_t L) {
     Tile t;
-    const int64_t pairs = static_cast<int64_t>(p.h_q) * p.b;
-    const int64_t order = L / pairs, r = L % pairs;
-    t.h = static_cast<int>(r % p.h_q);
-    t.n = static_cast<int>(r / p.h_q);
-    const int block = heavy_last ? mblocks - 1 - static_cast<int>(order) : static_cast<int>(order);
+    const TileCoord tc = tile_of_linear_sectioned(static_cast<unsigned long long>(L), tile_pairs(p.h_q, p.b), mblocks,
+                                                  p.h_q, heavy_last, static_cast<unsigned long long>(p.fwd_section));
+    t.h = tc.head;
+    t.n = tc.batch;
+    const int block = tc.block;
     t.hk = t.h / p.group;
     t.sq = seq_info(p, t.n);
     t.m0 = block * BM;
