@@ -28,14 +28,18 @@ struct TileCoord {
   int block, head, batch;
 };
 SINKATTN_HD unsigned long long tile_pairs(unsigned gy, unsigned gz) { return static_cast<unsigned long long>(gy) * gz; }
-SINKATTN_HD TileCoord tile_of_linear(unsigned long long linear, unsigned long long pairs, unsigned gx, unsigned gy,
-                                     bool heavy_last) {
-  const unsigned long long order = linear / pairs, r = linear % pairs;
+// The tile of row-block position `order` (0: the heaviest) and pair r (head fastest).
+SINKATTN_HD TileCoord tile_of_order_pair(unsigned long long order, unsigned long long r, unsigned gx, unsigned gy,
+                                         bool heavy_last) {
   TileCoord t;
   t.head = static_cast<int>(r % gy);
   t.batch = static_cast<int>(r / gy);
   t.block = heavy_last ? static_cast<int>(gx - 1 - order) : static_cast<int>(order);
   return t;
+}
+SINKATTN_HD TileCoord tile_of_linear(unsigned long long linear, unsigned long long pairs, unsigned gx, unsigned gy,
+                                     bool heavy_last) {
+  return tile_of_order_pair(linear / pairs, linear % pairs, gx, gy, heavy_last);
 }
 
 // The same in L2 sections of `section` pairs: the pairs of section 0 (pairs 0 .. section - 1, head fastest) in that
@@ -48,12 +52,7 @@ SINKATTN_HD TileCoord tile_of_linear_sectioned(unsigned long long linear, unsign
   const unsigned long long sec = linear / per, first = sec * section;
   const unsigned long long width = pairs - first < section ? pairs - first : section;
   const unsigned long long within = linear - sec * per;
-  const unsigned long long order = within / width, r = first + within % width;
-  TileCoord t;
-  t.head = static_cast<int>(r % gy);
-  t.batch = static_cast<int>(r / gy);
-  t.block = heavy_last ? static_cast<int>(gx - 1 - order) : static_cast<int>(order);
-  return t;
+  return tile_of_order_pair(within / width, first + within % width, gx, gy, heavy_last);
 }
 
 // Pairs per L2 section: as many as have their tensors within `budget` bytes, at least one and about `min_pairs` (the
