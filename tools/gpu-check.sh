@@ -105,6 +105,13 @@ if [[ " $STEPS " == *" suite "* ]]; then
     fi
   done
   note "fp32 cancellation cases: $ok of 2 passed (suite_fp32_cancellation.log)"
+  # The forward's L2 sections (scheduler.hpp): the suite's shapes are too small for the dispatch to cut their heads
+  # into sections, so the edge cases run again with one (head, sequence) pair per section.
+  SINKATTN_CUDA_FWD_SECTION=1 timeout "${SUITE_TIMEOUT:-420}" "$SUITE" --cases tests/gpu/cases/edge-cases.json \
+    --cases tests/gpu/cases/edge-cases-sinkattn.json --sweep 0 >"$OUT/suite_sections.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "suite, edge cases with SINKATTN_CUDA_FWD_SECTION=1: rc=$rc; $(grep SUMMARY "$OUT/suite_sections.log")"
 fi
 
 if [[ " $STEPS " == *" sanitizer "* ]]; then
