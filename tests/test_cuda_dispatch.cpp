@@ -359,7 +359,7 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
 }
 
 TEST(CudaDispatch, TilesWithoutHopperKernels) {
-  for (int64_t d : {32, 96, 160, 256}) {
+  for (int64_t d : {32, 96}) {
     const KernelChoice k = choose_kernels(make_call(SINKATTN_BF16, d, 512, 4, 4, -1, 0, true), kH200, Switches{});
     EXPECT_EQ(k.fwd, FwdKernel::kSm80) << d;
     EXPECT_EQ(k.dkdv, DkvKernel::kSm80) << d;
@@ -368,13 +368,67 @@ TEST(CudaDispatch, TilesWithoutHopperKernels) {
   }
   EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 96, 512, 4, 4, -1, 0), kH200, Switches{}).tile, 96);
   EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 104, 512, 4, 4, -1, 0), kH200, Switches{}).tile, 128);
-  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 256, 512, 4, 4, -1, 0), kH200, Switches{}).fwd_block_m, 64);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 256, 512, 4, 4, -1, 0), kA100, Switches{}).fwd_block_m, 64);
   // d != d_v: the tile of the larger.
   Call c = make_call(SINKATTN_BF16, 64, 512, 4, 4, -1, 0);
   c.d_v = 72;
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).tile, 96);
   c.d_v = 136;
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).tile, 192);
+}
+
+// Tiles 192 and 256: the warp-specialised forward's plain variant (128 query rows x 64 keys per step); the backward,
+// and the forward of a call with a bias or dropout, on the sm_80 kernels, each saying why.
+TEST(CudaDispatch, WideTilesForwardOnHopper) {
+  for (int64_t d : {160, 192, 200, 256}) {
+    const Call c = make_call(SINKATTN_BF16, d, 4096, 16, 16, -1, 0, true);
+    const KernelChoice k = choose_kernels(c, kH200, Switches{});
+    EXPECT_EQ(k.tile, d <= 192 ? 192 : 256) << d;
+    EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws) << d;
+    EXPECT_EQ(k.fwd_consumers, 2) << d;
+    EXPECT_EQ(k.fwd_block_m, 128) << d;
+    EXPECT_EQ(k.fwd_block_n, 64) << d;
+    EXPECT_TRUE(k.fwd_tma) << d;
+    EXPECT_TRUE(k.fwd_persistent) << d;
+    EXPECT_TRUE(has(k.summary(Pass::kForward), "tile 128 x 64, TMA")) << k.summary(Pass::kForward);
+    EXPECT_EQ(k.dkdv, DkvKernel::kSm80) << d;
+    EXPECT_TRUE(has(k.summary(Pass::kBackward), "no Hopper kernel for head-dim tile")) << k.summary(Pass::kBackward);
+    // DeepSeek-style d 192, d_v 128: the tile of the larger.
+    Call mla = c;
+    mla.d = 192;
+    mla.d_v = 128;
+    EXPECT_EQ(choose_kernels(mla, kH200, Switches{}).fwd, FwdKernel::kSm90Ws);
+    // Off Hopper, or with SINKATTN_CUDA_FWD_WS=0 (no software-pipelined kernel at these tiles): the sm_80 forward.
+    EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kSm80) << d;
+    Switches nows;
+    nows.fwd_ws = 0;
+    const KernelChoice n = choose_kernels(c, kH200, nows);
+    EXPECT_EQ(n.fwd, FwdKernel::kSm80) << d;
+    EXPECT_TRUE(has(n.summary(Pass::kForward), "only the warp-specialised Hopper forward runs it")) << d;
+    // 3 consumers requested: 2 (the O accumulator of 64 rows takes 96 / 128 registers a thread).
+    Switches three;
+    three.fwd_ws = 3;
+    EXPECT_EQ(choose_kernels(c, kH200, three).fwd_consumers, 2) << d;
+    // Bias or dropout: no Hopper variant at these tiles, so the sm_80 variant runs the forward (never the plain
+    // kernel with the bias or dropout dropped) and the backward.
+    Call cb = c;
+    cb.plan.bias = Use::kRequired;
+    const KernelChoice kb = choose_kernels(cb, kH200, Switches{});
+    EXPECT_EQ(kb.fwd, FwdKernel::kSm80Extra) << d;
+    EXPECT_FALSE(kb.bias) << d;
+    EXPECT_EQ(kb.dkdv, DkvKernel::kSm80Extra) << d;
+    EXPECT_TRUE(has(kb.summary(Pass::kForward), "no Hopper bias forward for head-dim tile")) << d;
+    Call cd = c;
+    cd.plan.dropout = true;
+    const KernelChoice kd = choose_kernels(cd, kH200, Switches{});
+    EXPECT_EQ(kd.fwd, FwdKernel::kSm80Extra) << d;
+    EXPECT_EQ(kd.dkdv, DkvKernel::kSm80Extra) << d;
+    EXPECT_TRUE(has(kd.summary(Pass::kForward), "no Hopper dropout forward for head-dim tile")) << d;
+    // A short window keeps the sm_80 forward, as at the other tiles.
+    EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, d, 4096, 16, 16, 127, 0), kH200, Switches{}).fwd,
+              FwdKernel::kSm80)
+        << d;
+  }
 }
 
 TEST(CudaDispatch, DeviceAndBuildAndSwitches) {

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Writes src/cuda/hopper/wgmma_ops.cuh: inline-PTX wrappers of the sm_90a warpgroup MMA instructions the Hopper
-kernels use (wgmma.mma_async m64nNk16, fp32 accumulation, fp16 / bf16 inputs), for N in 32, 64, 128:
+kernels use (wgmma.mma_async m64nNk16, fp32 accumulation, fp16 / bf16 inputs), for N in 32, 64, 128, 192, 256:
   ss: A and B from shared memory (matrix descriptors), imm-trans-a / imm-trans-b as template arguments;
   rs: A from registers (the mma.sync m16n8k16 A-fragment layout, per warp of the warpgroup), B from shared memory.
 The accumulator is float[N / 8][4]: n-tile j holds (row g, cols 8j + 2t, +1) and (row g + 8, same cols) of the
 warp's 16 rows (g = lane / 4, t = lane % 4): the mma.sync C-fragment layout (PTX ISA, wgmma "Register fragments").
 Run: python3 tools/gen_wgmma.py > src/cuda/hopper/wgmma_ops.cuh"""
 
-NS = (32, 64, 128)
+NS = (32, 64, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

@@ -218,6 +218,7 @@ Params make_params(const Call& c, const Workspace& w) {
   k.dropout = c.plan.dropout;
   k.dropout_threshold = c.dropout_threshold;
   k.dropout_rscale = static_cast<float>(1.0 / (1.0 - c.dropout_p));
+  k.dropout_log2_rscale = static_cast<float>(std::log2(static_cast<double>(k.dropout_rscale)));
   k.seed = p.seed;
   k.offset = p.offset;
   if (bwd) {

@@ -17,7 +17,7 @@ std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_
 
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
 // consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
-bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90(tile); }
+bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90_fwd_ws(tile); }
 // bias / dropout: the kernel's bias variant (staged by TMA or not), its dropout variant (2 consumers only).
 int ws_consumers(int tile, const Switches& sw, bool bias, bool dropout) {
   if (dropout) return tiles::sm90_ws_dropout_consumers(tile);
@@ -89,14 +89,28 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
            c.s_q >= rows_min;
   };
 
-  // Why the Hopper kernels cannot run this call ("" when they can).
-  std::string no90 = hopper_unavailable(dev, sw);
+  // Why the Hopper kernels cannot run this call ("" when they can): no90 for the backward, the software-pipelined
+  // forward and the warp-specialised forward's bias / dropout variants (tiles 64 and 128); no90_fwd for the forward,
+  // whose warp-specialised plain variant also runs tiles 192 and 256 (tiles::has_sm90_fwd_ws).
+  const std::string no_hopper = hopper_unavailable(dev, sw);
+  std::string no90 = no_hopper;
   if (no90.empty() && !tiles::has_sm90(k.tile))
     no90 = "no Hopper kernel for head-dim tile " + std::to_string(k.tile) + " (tiles 64 and 128)";
   // Bias: the warp-specialised forward and the dK dV kernel have a bias variant
   // (kBias: the dK dV kernel also writes dS for d_bias, so no dq kernel is needed); not with dropout.
   if (no90.empty() && bias && dropout) no90 = "the Hopper kernels have no variant with both bias and dropout";
   k.bias = bias && no90.empty();
+  std::string no90_fwd = no90;
+  if (no_hopper.empty() && !tiles::has_sm90(k.tile) && tiles::has_sm90_fwd_ws(k.tile)) {
+    if (extra)
+      no90_fwd = std::string("no Hopper ") + (bias ? "bias" : "dropout") + " forward for head-dim tile " +
+                 std::to_string(k.tile) + " (the bias / dropout variants: tiles 64 and 128)";
+    else if (!ws_on(k.tile, sw))
+      no90_fwd = "head-dim tile " + std::to_string(k.tile) +
+                 ": only the warp-specialised Hopper forward runs it (SINKATTN_CUDA_FWD_WS=0 is set)";
+    else
+      no90_fwd.clear();
+  }
   // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout). Forward: the
   // consumers draw the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of each key block
   // while S runs, warps 1 .. 3 of the producer warpgroup the rest (fwd_keep_producer); consumers alone were slower
@@ -119,11 +133,12 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
-  } else if (no90.empty() && dropout && !ws_on(k.tile, sw)) {
+  } else if (no90_fwd.empty() && dropout && !ws_on(k.tile, sw)) {
     k.fwd_why = "dropout: only the warp-specialised Hopper forward has a dropout variant (SINKATTN_CUDA_FWD_WS=0 is set)";
-  } else if (no90.empty() && bias && !ws_on(k.tile, sw)) {
+  } else if (no90_fwd.empty() && bias && !ws_on(k.tile, sw)) {
     k.fwd_why = "bias: only the warp-specialised Hopper forward has a bias variant (SINKATTN_CUDA_FWD_WS=0 is set)";
-  } else if (no90.empty() && c.window_left >= 0 && c.window_right >= 0 && !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
+  } else if (no90_fwd.empty() && c.window_left >= 0 && c.window_right >= 0 &&
+             !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
     const int64_t keys = tiles::fwd_sm90_block_m(k.tile) + c.window_left + c.window_right;
     if (keys < tiles::kSm90FwdMinWindowKeys)
       k.fwd_why = "the window spans " + std::to_string(keys) + " keys per " +
@@ -132,12 +147,12 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided above
-  } else if (no90.empty() && k.fwd_why.empty()) {
+  } else if (no90_fwd.empty() && k.fwd_why.empty()) {
     if (ws_on(k.tile, sw)) {
       k.fwd = FwdKernel::kSm90Ws;
       k.fwd_consumers = ws_consumers(k.tile, sw, k.bias, dropout);
       k.fwd_block_m = 64 * k.fwd_consumers;
-      k.fwd_block_n = tiles::kSm90WsBlockN;
+      k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
       k.fwd_persistent = sw.fwd_ws_persistent;
       k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
     } else {
@@ -149,7 +164,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
     k.fwd_bias_tma = k.bias && k.fwd == FwdKernel::kSm90Ws && bias_tma_ok(k.fwd_block_m);
   } else {
-    if (k.fwd_why.empty()) k.fwd_why = no90;
+    if (k.fwd_why.empty()) k.fwd_why = no90_fwd;
     k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;
     k.fwd_block_m = tiles::fwd_block_m(k.tile);
     k.fwd_block_n = extra ? tiles::fwd_block_n(k.tile) : tiles::fwd_block_n_lean(k.tile);
@@ -246,7 +261,8 @@ std::string KernelChoice::summary(Pass pass) const {
 std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
          ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
-         "library carries sm_90a code, for tiles 64 and 128 (bias: the warp-specialised forward and the dK dV kernel, "
+         "library carries sm_90a code, for tiles 64 and 128 (the warp-specialised forward without bias or dropout also "
+         "for 192 and 256, 64 keys per step there; bias: the warp-specialised forward and the dK dV kernel, "
          "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "
          "the consumers and the producer warpgroup, and the dK dV kernel, its keep bits drawn by a producer warpgroup "
          "at tile 64 and by the math warpgroups at 128; forward: not for windows spanning fewer than " +

@@ -167,16 +167,22 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
       }
       return cudaErrorInvalidValue;
     case FwdKernel::kSm90Ws:
-      if constexpr (tiles::has_sm90(HD)) {
+      if constexpr (tiles::has_sm90_fwd_ws(HD)) {
         if (kc.dropout) {  // dropout variant: 2 consumers (tiles::sm90_ws_dropout_consumers), no bias
-          if (kc.bias || kc.fwd_consumers != 2) return cudaErrorInvalidValue;
-          return launch_fwd_ws<T, HD, 2, false, true>(p, kc, stream);
+          if constexpr (tiles::has_sm90(HD)) {
+            if (kc.bias || kc.fwd_consumers != 2) return cudaErrorInvalidValue;
+            return launch_fwd_ws<T, HD, 2, false, true>(p, kc, stream);
+          }
+          return cudaErrorInvalidValue;
         }
         if (kc.bias) {  // bias variants: 2 consumers (both tiles), 3 at tile 64
-          if constexpr (HD == 64) {
-            if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3, true>(p, kc, stream);
+          if constexpr (tiles::has_sm90(HD)) {
+            if constexpr (HD == 64) {
+              if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3, true>(p, kc, stream);
+            }
+            return launch_fwd_ws<T, HD, 2, true>(p, kc, stream);
           }
-          return launch_fwd_ws<T, HD, 2, true>(p, kc, stream);
+          return cudaErrorInvalidValue;
         }
         if constexpr (HD == 64) {
           if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3>(p, kc, stream);

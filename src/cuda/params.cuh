@@ -92,6 +92,8 @@ struct Params {
   // ---- tile order (scheduler.hpp): pairs per L2 section of the warp-specialised forward's tiles (0: one section);
   // KernelChoice::fwd_section, set by the backend's run (last: the other members keep their offsets) ----
   int fwd_section;
+  // log2(dropout_rscale), for the sm90 dropout forward's scaled softmax (OnlineSoftmax::step_scaled; last, as above)
+  float dropout_log2_rscale;
 };
 
 // One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).

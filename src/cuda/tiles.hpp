@@ -33,8 +33,12 @@ constexpr int dkdv_warps(int hd) { return hd <= 128 ? 8 : 4; }
 constexpr int dkdv_block_n(int hd) { return 16 * dkdv_warps(hd); }
 constexpr int dkdv_block_m(int hd) { return hd <= 128 ? 64 : 32; }
 
-// Hopper (sm_90a) kernels, head-dim tiles 64 and 128.
+// Hopper (sm_90a) kernels, head-dim tiles 64 and 128: the backward, the software-pipelined forward and the
+// warp-specialised forward's bias / dropout variants.
 constexpr bool has_sm90(int hd) { return hd == 64 || hd == 128; }
+// The warp-specialised forward's plain variant (no bias, no dropout) also runs tiles 192 and 256 (keys per step:
+// sm90_ws_block_n).
+constexpr bool has_sm90_fwd_ws(int hd) { return has_sm90(hd) || hd == 192 || hd == 256; }
 constexpr int fwd_sm90_block_m(int) { return 128; }
 constexpr int fwd_sm90_block_n(int hd) { return hd == 64 ? 64 : 128; }
 constexpr int dkdv_sm90_block_n(int) { return 128; }
@@ -48,8 +52,10 @@ constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 // 0.166 ms sm_80 vs 0.187 ms Hopper; one or two blocks per SM spend much of a short block in the pipeline prologue).
 constexpr int kSm90FwdMinWindowKeys = 512;
 // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
-// step; consumer warpgroups by default (dispatch.cpp; the fastest measured on the H200, bench/RESULTS.md).
-constexpr int kSm90WsBlockN = 128;
+// step up to tile 128, 64 at tiles 192 / 256 (the two-stage K / V ring and a 128-row Q tile fit the 227 KiB of shared
+// memory: 192 KiB at 256; the O accumulator takes 96 / 128 registers a thread); consumer warpgroups by default
+// (dispatch.cpp; the fastest measured on the H200, bench/RESULTS.md).
+constexpr int sm90_ws_block_n(int hd) { return hd <= 128 ? 128 : 64; }
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
 // Its bias variant (kBias): 2 consumers, staged by TMA or not. Staged, 2 read the tile's words into registers
 // (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spill 114 bytes: GPT-OSS full +

@@ -52,7 +52,9 @@ __device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t
 // products and fold the scale into the exp2 argument (OnlineSoftmax::step). kBias: the kernel variant for calls with a
 // bias (make_logits adds it, from pre when the kernel prefetched it (a BiasPrefetch) or staged it (a BiasSmemView);
 // on a fully visible fragment it leaves softmax_scale * s + bias in natural units and log2(e) to the step).
-template <typename T, bool kBias = false, int NT, typename Pre = BiasPrefetch<T, NT>>
+// kScaledP: P comes out multiplied by 1 / (1 - p) (OnlineSoftmax::step_scaled; the dropout forward, whose row
+// state was made by init_scaled).
+template <typename T, bool kBias = false, bool kScaledP = false, int NT, typename Pre = BiasPrefetch<T, NT>>
 __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
                                                  const Params& p, const Mask& mk, int n, int h, int row_w, int j0,
                                                  int lane, const Pre* pre = nullptr) {
@@ -61,7 +63,10 @@ __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&
   float sc_bias = 1.f;
   if (!fold)
     make_logits<T, NT, false, kBias>(s, p, mk, need_mask, n, h, row_w, j0, lane, pre, kBias ? &sc_bias : nullptr);
-  sm.step(s, alpha, fold ? p.scale_log2 : sc_bias);
+  if constexpr (kScaledP)
+    sm.step_scaled(s, alpha, fold ? p.scale_log2 : sc_bias, p.dropout_log2_rscale);
+  else
+    sm.step(s, alpha, fold ? p.scale_log2 : sc_bias);
 }
 
 }  // namespace sinkattn::cuda::sm90

@@ -1,6 +1,6 @@
 // CUDA backend, Hopper: the warp-specialised forward (SPEC.md section 2) on wgmma + TMA, FlashAttention-3's
-// structure written for this library's math (head-dim tiles 64 and 128, fp16 / bf16; a bias in the kBias variant,
-// dropout in the kDropout variant):
+// structure written for this library's math (head-dim tiles 64, 128, 192 and 256, fp16 / bf16; a bias in the kBias
+// variant, dropout in the kDropout variant, both at tiles 64 and 128 only):
 //   - one producer warp (its warpgroup gives its registers away: setmaxnreg.dec) loads Q once and K, V of every
 //     key block into a two-stage ring of shared-memory buffers, by TMA where the block lies in the sequence and
 //     by cp.async with zero-fill where it reaches past the sequence's end (rows past len_kv must read as exact
@@ -49,7 +49,9 @@ struct FwdWsTraits {
   static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
-  static constexpr int kBlockN = tiles::kSm90WsBlockN;  // keys per step
+  static constexpr int kBlockN = tiles::sm90_ws_block_n(HD);  // keys per step
+  static_assert(tiles::has_sm90_fwd_ws(HD) && (tiles::has_sm90(HD) || (!kBias_ && !kDropout_)),
+                "bias / dropout variants at tiles 64 and 128 only");
   static constexpr int kStages = 2;               // K and V buffers each
   // kDropout: warps 1 .. 3 of the producer warpgroup draw the keep bits of the slices the consumers leave
   // (fwd_keep_producer) and need registers for their Philox chains; the consumers give up what the producer
@@ -146,10 +148,13 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
 }
 
 // kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then). kDropout: the variant
-// for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes P * keep
-// (the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of a key block drawn by the
-// consumer itself while S runs, those of the other slices by fwd_keep_producer into sKeep), and the epilogue
-// multiplies O by 1 / (1 - p).
+// for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes
+// P * keep / (1 - p) (the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of a key block
+// drawn by the consumer itself while S runs, those of the other slices by fwd_keep_producer into sKeep). The factor
+// 1 / (1 - p) is in P and l from the start (OnlineSoftmax::init_scaled / step_scaled), so P is rounded to T with it,
+// as SPEC 5's plain implementation rounds it: rounding P first and scaling O afterwards lost P's low bits where a
+// large sink makes P subnormal in fp16 (10x the plain error at p = 0.9; cases/edge_cases.json
+// dropout-fwd-ws-fp16-sink-subnormal-p).
 template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false>
 __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
@@ -335,7 +340,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       const Mask mk(p, sq);
       const int row_w = m0 + c * 64 + wl * 16;  // first query row of this warp (within the sequence)
       OnlineSoftmax<NT> sm;
-      sm.init(sigma, lane);
+      if constexpr (kDropout)  // P * keep / (1 - p) is rounded as one value for the P V product (SPEC 5)
+        sm.init_scaled(sigma, p.dropout_rscale, lane);
+      else
+        sm.init(sigma, lane);
       float acc[NO][4];
       zero_acc(acc);
 
@@ -385,19 +393,20 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
           if constexpr (kBias && !kPrefetch) {
             if (bias_smem) stage_bias(i);
-            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane, &bias_view);
+            fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                                 &bias_view);
           } else {
-            fwd_softmax_step<T, kBias>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
-                                       kPrefetch ? &bias : nullptr);
+            fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                                 kPrefetch ? &bias : nullptr);
           }
           if constexpr (kBias) {
             if (bias_smem) release(&b_empty[(it + i) % S]);
           }
           if constexpr (kDropout) {
-            // P * keep for the P V product (s keeps the undropped P up to here: l has summed it): slices
-            // nt < kCS from own_keep (drawn by this thread, bit 4 nt + e), the others from the producer's words: the
-            // thread's rows g, g + 8 of its warp, keys 8 nt + 2 t + (e & 1) of block i (words shifted by 2 t; word 0,
-            // keys 0 .. 63, only where the producer drew some of them).
+            // P * keep / (1 - p) for the P V product (s keeps the undropped P / (1 - p) up to here: l has summed
+            // it): slices nt < kCS from own_keep (drawn by this thread, bit 4 nt + e), the others from the producer's
+            // words: the thread's rows g, g + 8 of its warp, keys 8 nt + 2 t + (e & 1) of block i (words shifted by
+            // 2 t; word 0, keys 0 .. 63, only where the producer drew some of them).
             const int ki = it + i, ks = ki % KS;
             mbar_wait(&keep_full[ks], static_cast<uint32_t>((ki / KS) & 1));
             const uint16_t* kr = sKeep + ks * Tr::kKeepTile + (c * 64 + wl * 16 + (lane >> 2)) * Tr::kKeepChunks;
@@ -476,14 +485,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       }
 
       // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a
-      // dense batch get exact zeros.
-      if constexpr (kDropout) {  // O = sum_j P_j keep_j V_j / (1 - p)
-#pragma unroll
-        for (int o = 0; o < NO; ++o)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[o][e] *= p.dropout_rscale;
-      }
-      fwd_store_rows<T>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
+      // dense batch get exact zeros. kDropout: O = sum_j (P_j / (1 - p)) keep_j V_j and l carry 1 / (1 - p).
+      fwd_store_rows<T, kDropout>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
     }
     if (c == 0) named_bar_sync(1, 256);
   }
