@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "core/backend.hpp"
@@ -45,14 +46,13 @@ Status device_error(const char* what, cudaError_t e) {
 using cuda::tiles::head_dim_tile;
 
 // The properties choose_kernels needs, of the current device.
-cuda::DeviceProps current_device_props() {
+// The properties of device `dev` (cc 0.0 when they cannot be read).
+cuda::DeviceProps read_device_props(int dev) {
   cuda::DeviceProps d;
 #ifdef SINKATTN_CUDA_SM90A
   d.sm90a_code = true;
 #endif
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+  if (cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
     cudaGetLastError();
     d.cc_major = d.cc_minor = 0;
@@ -68,6 +68,22 @@ cuda::DeviceProps current_device_props() {
     }
   }
   return d;
+}
+
+// The current device's properties, read once per device and process (they do not change while it runs; every call
+// asks the dispatch, so the attribute queries stay off the per-call path). No current device: cc 0.0, not cached.
+cuda::DeviceProps current_device_props() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return read_device_props(-1);
+  }
+  constexpr int kCached = 64;
+  if (dev < 0 || dev >= kCached) return read_device_props(dev);
+  static std::once_flag once[kCached];
+  static cuda::DeviceProps props[kCached];
+  std::call_once(once[dev], [dev] { props[dev] = read_device_props(dev); });
+  return props[dev];
 }
 
 cuda::KernelChoice kernel_choice(const Call& c) {
