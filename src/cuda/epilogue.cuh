@@ -53,20 +53,16 @@ __device__ __forceinline__ void fwd_store_padding_rows(const Params& p, const Se
 // Forward (SPEC 2), a warp's 16 query rows starting at row row0 of the sequence (`out` points at row row0):
 // out_i = O_i / l_i and softmax_lse_i = (m_i + log2 l_i) ln 2 from the online-softmax state; rows past len_q
 // (padding of a dense batch) get out = 0, and rows past the sequence's rows are not written. kScaledP: the row state
-// came from OnlineSoftmax::init_scaled / step_scaled with rscale = 1 / (1 - p) (the dropout forward of sm90).
+// came from OnlineSoftmax::init / step_scaled with rscale = 1 / (1 - p) (the dropout forward of sm90).
 template <typename T, bool kScaledP = false, int NO, int NT>
 __device__ __forceinline__ void fwd_store_rows(const Params& p, const SeqInfo& sq, int n, int h, T* out, int row0,
                                                const OnlineSoftmax<NT>& sm, const float (&acc)[NO][4], int lane) {
   const int g = lane >> 2;
   float inv0, inv8, lse0, lse8;
   const float sigma = sink_value(p, h);
-  if constexpr (kScaledP) {
-    sm.finalize_scaled(0, sigma, p.dropout_rscale, inv0, lse0);
-    sm.finalize_scaled(1, sigma, p.dropout_rscale, inv8, lse8);
-  } else {
-    sm.finalize(0, sigma, inv0, lse0);
-    sm.finalize(1, sigma, inv8, lse8);
-  }
+  const float rscale = kScaledP ? p.dropout_rscale : 1.f;
+  sm.finalize(0, sigma, inv0, lse0, rscale);
+  sm.finalize(1, sigma, inv8, lse8, rscale);
   const int rows_valid = sq.rows_q - row0;
   if (row0 + g >= sq.len_q) inv0 = 0.f;
   if (row0 + g + 8 >= sq.len_q) inv8 = 0.f;

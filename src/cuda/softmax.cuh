@@ -30,22 +30,22 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void init(float sigma, int lane) { init(sigma, sigma, lane); }
   // Rows g and g + 8 with their own sinks (the decode kernels pack the query heads of a KV group into one tile,
   // so the two rows of a thread may belong to different heads).
-  __device__ __forceinline__ void init(float sigma0, float sigma8, int lane, float l_sink = 1.f) {
+  //
+  // rscale: the scaled form, for a forward with dropout that rounds P for the P V product as one value (SPEC 5's
+  // plain implementation rounds P * keep / (1 - p), not P; rounding P first loses its low bits where P is subnormal
+  // in fp16, which a large sink makes it): every p and l carry the factor rscale = 1 / (1 - p):
+  //   init(..., rscale):     the sink counts rscale instead of 1;
+  //   step_scaled:           p = exp2(x - m_new + log2(rscale)) = rscale * exp2(x - m_new), alpha unchanged;
+  //   finalize(..., rscale): 1 / l = rscale / l_s, LSE from l_s / rscale (exactly 1 for a row that saw no key: x / x).
+  // rscale = 1 (the default) is the plain form.
+  __device__ __forceinline__ void init(float sigma0, float sigma8, int lane, float rscale = 1.f) {
     const float s[2] = {sigma0 * kLog2e, sigma8 * kLog2e};  // the sink is never scaled by softmax_scale (SPEC 2)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       m[r] = s[r];
-      l[r] = (s[r] != -INFINITY && (lane & 3) == 0) ? l_sink : 0.f;
+      l[r] = (s[r] != -INFINITY && (lane & 3) == 0) ? rscale : 0.f;
     }
   }
-
-  // The scaled form, for a forward with dropout that rounds P for the P V product as one value (SPEC 5's plain
-  // implementation rounds P * keep / (1 - p), not P; rounding P first loses its low bits where P is subnormal in
-  // fp16, which a large sink makes it): every p and l carry the factor rscale = 1 / (1 - p):
-  //   init_scaled:     the sink counts rscale instead of 1;
-  //   step_scaled:     p = exp2(x - m_new + log2(rscale)) = rscale * exp2(x - m_new), alpha unchanged;
-  //   finalize_scaled: 1 / l = rscale / l_s, LSE from l_s / rscale (exactly 1 for a row that saw no key: x / x).
-  __device__ __forceinline__ void init_scaled(float sigma, float rscale, int lane) { init(sigma, sigma, lane, rscale); }
 
   // s: scores of this step in units of 1 / sc (masked = -inf): x = sc * s is the base-2 score, sc > 0 (the
   // forward passes raw Q.K products with sc = softmax_scale * log2(e) on interior tiles, saving a multiply per
@@ -55,20 +55,14 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void step(float (&s)[NT][4], float (&alpha)[2], float sc = 1.f) {
     step_impl<false>(s, alpha, sc, 0.f);
   }
-  // log2_rscale = log2(1 / (1 - p)) (init_scaled says why).
+  // log2_rscale = log2(1 / (1 - p)) (init says why).
   __device__ __forceinline__ void step_scaled(float (&s)[NT][4], float (&alpha)[2], float sc, float log2_rscale) {
     step_impl<true>(s, alpha, sc, log2_rscale);
   }
 
   // Row r: 1 / l (0 for an empty vanilla row, giving out = 0) and the natural-log LSE (-inf when empty).
-  // `sigma` is the value init() was given (natural_lse: exactly sigma for a row that saw no key).
-  __device__ __forceinline__ void finalize(int r, float sigma, float& inv_l, float& lse) const {
-    const float lt = quad_sum(l[r]);
-    inv_l = lt > 0.f ? 1.f / lt : 0.f;
-    lse = natural_lse(m[r], lt, sigma);
-  }
-  // After init_scaled / step_scaled with the same rscale.
-  __device__ __forceinline__ void finalize_scaled(int r, float sigma, float rscale, float& inv_l, float& lse) const {
+  // `sigma` and `rscale` are the values init() was given (natural_lse: exactly sigma for a row that saw no key).
+  __device__ __forceinline__ void finalize(int r, float sigma, float& inv_l, float& lse, float rscale = 1.f) const {
     const float lt = quad_sum(l[r]);
     inv_l = lt > 0.f ? rscale / lt : 0.f;
     lse = natural_lse(m[r], lt / rscale, sigma);

@@ -53,7 +53,7 @@ __device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t
 // bias (make_logits adds it, from pre when the kernel prefetched it (a BiasPrefetch) or staged it (a BiasSmemView);
 // on a fully visible fragment it leaves softmax_scale * s + bias in natural units and log2(e) to the step).
 // kScaledP: P comes out multiplied by 1 / (1 - p) (OnlineSoftmax::step_scaled; the dropout forward, whose row
-// state was made by init_scaled).
+// state init was given rscale = 1 / (1 - p)).
 template <typename T, bool kBias = false, bool kScaledP = false, int NT, typename Pre = BiasPrefetch<T, NT>>
 __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
                                                  const Params& p, const Mask& mk, int n, int h, int row_w, int j0,

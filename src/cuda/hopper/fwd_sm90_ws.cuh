@@ -151,9 +151,9 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
 // for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes
 // P * keep / (1 - p) (the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of a key block
 // drawn by the consumer itself while S runs, those of the other slices by fwd_keep_producer into sKeep). The factor
-// 1 / (1 - p) is in P and l from the start (OnlineSoftmax::init_scaled / step_scaled), so P is rounded to T with it,
-// as SPEC 5's plain implementation rounds it: rounding P first and scaling O afterwards lost P's low bits where a
-// large sink makes P subnormal in fp16 (10x the plain error at p = 0.9; cases/edge_cases.json
+// 1 / (1 - p) is in P and l from the start (OnlineSoftmax::init with rscale, step_scaled), so P is rounded to T with
+// it, as SPEC 5's plain implementation rounds it: rounding P first and scaling O afterwards lost P's low bits where a
+// large sink makes P subnormal in fp16 (10x the plain error at p = 0.9; tests/gpu/cases/edge-cases-sinkattn.json
 // dropout-fwd-ws-fp16-sink-subnormal-p).
 template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false>
 __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
@@ -340,10 +340,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       const Mask mk(p, sq);
       const int row_w = m0 + c * 64 + wl * 16;  // first query row of this warp (within the sequence)
       OnlineSoftmax<NT> sm;
-      if constexpr (kDropout)  // P * keep / (1 - p) is rounded as one value for the P V product (SPEC 5)
-        sm.init_scaled(sigma, p.dropout_rscale, lane);
-      else
-        sm.init(sigma, lane);
+      // kDropout: P * keep / (1 - p) is rounded as one value for the P V product (SPEC 5; OnlineSoftmax::init)
+      sm.init(sigma, sigma, lane, kDropout ? p.dropout_rscale : 1.f);
       float acc[NO][4];
       zero_acc(acc);
 
