@@ -48,7 +48,7 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
   EXPECT_TRUE(k.fwd_tma);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dkdv_block_n, 128);
-  EXPECT_EQ(k.dkdv_block_m, 64);
+  EXPECT_EQ(k.dkdv_block_m, 128);  // 128 query rows per step at tile 64 without bias / dropout
   EXPECT_TRUE(k.dkdv_tma);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   EXPECT_EQ(k.summary(Pass::kForward),
@@ -56,8 +56,37 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
             "TMA");
   EXPECT_TRUE(k.dq_tma);
   EXPECT_EQ(k.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused (TMA reduce-add of fp32 tiles; atomics for partial "
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (TMA reduce-add of fp32 tiles; atomics for partial "
             "query blocks)");
+}
+
+// The Hopper dK dV kernel's query rows per step (tiles::dkdv_sm90_block_m): 128 at tile 64 without bias or dropout
+// (deterministic or not), 64 at tile 128 and for the bias / dropout variants; SINKATTN_CUDA_DKDV_BM=64 forces 64.
+TEST(CudaDispatch, DkvQueryRowsPerStep) {
+  Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
+  EXPECT_EQ(choose_kernels(c, kH200, Switches{}).dkdv_block_m, 128);
+  c.deterministic = true;
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.dq, DqPath::kFusedOrdered);
+  EXPECT_EQ(k.dkdv_block_m, 128);
+  EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 128, TMA"));
+  Switches bm64;
+  bm64.dkdv_block_m = 64;
+  EXPECT_EQ(choose_kernels(c, kH200, bm64).dkdv_block_m, 64);
+  Switches bm128;  // 128 is the rule's to give: no effect where the rule says 64
+  bm128.dkdv_block_m = 128;
+  Call b = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  b.plan.bias = Use::kRequired;
+  k = choose_kernels(b, kH200, bm128);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dkdv_block_m, 64);
+  Call d = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
+  d.plan.dropout = true;
+  k = choose_kernels(d, kH200, Switches{});
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_EQ(k.dkdv_block_m, 64);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 32, 32, -1, 0, true), kH200, Switches{}).dkdv_block_m,
+            64);
 }
 
 TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
@@ -67,7 +96,7 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   KernelChoice k = choose_kernels(c, kH200, sw);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   EXPECT_FALSE(k.dq_tma);
-  EXPECT_EQ(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused (fp32 atomics)");
+  EXPECT_EQ(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (fp32 atomics)");
   sw = Switches{};
   sw.no_tma = true;  // no TMA at all: no reduce-adds either
   EXPECT_FALSE(choose_kernels(c, kH200, sw).dq_tma);
@@ -77,14 +106,14 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   EXPECT_EQ(kd.dq, DqPath::kFusedOrdered);
   EXPECT_TRUE(kd.dq_tma);
   EXPECT_EQ(kd.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused in a fixed order (per-query-block semaphores, "
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-query-block semaphores, "
             "deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)");
   sw = Switches{};
   sw.dq_atomics = true;
   const KernelChoice kda = choose_kernels(det, kH200, sw);
   EXPECT_FALSE(kda.dq_tma);
   EXPECT_EQ(kda.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 64, TMA, dq fused in a fixed order (per-query-block semaphores, "
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-query-block semaphores, "
             "deterministic)");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
@@ -465,9 +494,21 @@ TEST(CudaDispatch, TmaNeedsWholeBoxes) {
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_FALSE(k.fwd_tma);
   EXPECT_FALSE(k.dkdv_tma);
-  c = make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0, true);  // 100 rows: < 192 (forward box), >= 64 (dK dV box)
+  c = make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0, true);  // 100 rows: < 192 (forward box), < 128 (dK dV box)
   k = choose_kernels(c, kH200, Switches{});
   EXPECT_FALSE(k.fwd_tma);
+  EXPECT_EQ(k.dkdv_block_m, 128);
+  EXPECT_FALSE(k.dkdv_tma);
+  EXPECT_FALSE(k.dq_tma);
+  Switches bm64;  // 64-row steps: 100 rows hold a 64-row box
+  bm64.dkdv_block_m = 64;
+  k = choose_kernels(c, kH200, bm64);
+  EXPECT_EQ(k.dkdv_block_m, 64);
+  EXPECT_TRUE(k.dkdv_tma);
+  EXPECT_TRUE(k.dq_tma);
+  Call c128 = make_call(SINKATTN_BF16, 128, 100, 8, 8, -1, 0, true);  // tile 128: 64-row steps and boxes
+  k = choose_kernels(c128, kH200, Switches{});
+  EXPECT_EQ(k.dkdv_block_m, 64);
   EXPECT_TRUE(k.dkdv_tma);
   // Varlen: the packed totals count.
   c.plan.varlen = true;

@@ -180,7 +180,10 @@ TEST(CommonSeq, BoundsAndClamp) {
 
 // ---- the deterministic dq order of the Hopper dK dV kernel ----
 
-constexpr int kBM = cuda::tiles::dkdv_sm90_block_m(64), kBN = cuda::tiles::dkdv_sm90_block_n(64);
+// Both query-block heights of the kernel: 64, and 128 (tile 64 without bias / dropout).
+constexpr int kBN = cuda::tiles::dkdv_sm90_block_n(64);
+static_assert(cuda::tiles::dkdv_sm90_block_m(64) == 64 && cuda::tiles::dkdv_sm90_block_m(64, true) == 128,
+              "the heights simulated below");
 
 // One sequence of a call: its lengths and mask.
 struct Seq {
@@ -194,6 +197,7 @@ struct Event {
   int qb, turn;
 };
 
+template <int kBM>
 std::vector<Event> block_events(const BandMask<int>& mk, int kb, int rows_kv, int group) {
   std::vector<Event> ev;
   const int j0 = kb * kBN;
@@ -254,6 +258,7 @@ SimCall random_call(std::mt19937& r) {
 
 // Runs every block of the call to the end with at most `resident` blocks at once, tickets in launch order, events
 // interleaved at random. Fails on a deadlock (every resident block waiting) or a broken order.
+template <int kBM>
 void simulate(const SimCall& c, int resident, std::mt19937& r) {
   const int gx = (c.s_kv + kBN - 1) / kBN, gy = c.h_kv, gz = static_cast<int>(c.seqs.size());
   const int n_qb = (c.s_q + kBM - 1) / kBM;
@@ -275,7 +280,7 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
           static_cast<unsigned>(gy), false);
       const Seq& s = c.seqs[t.batch];
       const BandMask<int> mk(c.br, c.wl, c.wr, s.len_q, s.len_kv);
-      run.push_back({block_events(mk, t.block, s.rows_kv, c.group), 0, t.batch, t.head, t.block});
+      run.push_back({block_events<kBM>(mk, t.block, s.rows_kv, c.group), 0, t.batch, t.head, t.block});
     }
     if (run.empty()) break;
     std::vector<size_t> ready;
@@ -343,7 +348,8 @@ TEST(DqOrder, EveryTurnOnceAscendingNoDeadlock) {
   for (int iter = 0; iter < 250; ++iter) {
     const SimCall c = random_call(r);
     for (int resident : {1, 2, 7, 1000}) {
-      simulate(c, resident, r);
+      simulate<64>(c, resident, r);
+      if (!HasFatalFailure()) simulate<128>(c, resident, r);
       if (HasFatalFailure()) {
         ADD_FAILURE() << "call " << iter << ": s_q " << c.s_q << " s_kv " << c.s_kv << " wl " << c.wl << " wr " << c.wr
                       << " br " << c.br << " group " << c.group << " resident " << resident;
@@ -364,7 +370,10 @@ TEST(DqOrder, GptOssShapes) {
     c.group = 8;
     c.s_q = c.s_kv = 4096;
     c.seqs = {{4096, 4096, 4096}};
-    for (int resident : {1, 9, 132}) simulate(c, resident, r);
+    for (int resident : {1, 9, 132}) {
+      simulate<64>(c, resident, r);
+      simulate<128>(c, resident, r);
+    }
   }
 }
 

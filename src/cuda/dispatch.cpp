@@ -49,6 +49,7 @@ Switches switches_from_env() {
     x.no_bias_tma = env_on("SINKATTN_CUDA_NO_BIAS_TMA");
     if (const char* v = std::getenv("SINKATTN_CUDA_FWD_SECTION"); v != nullptr && v[0] != '\0')
       x.fwd_section = std::max(0, std::atoi(v));
+    if (const char* v = std::getenv("SINKATTN_CUDA_DKDV_BM"); v != nullptr && v[0] != '\0') x.dkdv_block_m = std::atoi(v);
     return x;
   }();
   return s;
@@ -181,7 +182,9 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv = DkvKernel::kSm90;
     k.dbias_group_sum = !sw.no_dbias_group_sum && k.bias && !c.bias_per_head && c.group > 1 && k.tile == 64;
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
-    k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile);
+    const bool plain = !k.bias && !k.dropout;
+    k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile, plain);
+    if (sw.dkdv_block_m == 64) k.dkdv_block_m = 64;  // (A / B runs; 128 exists only where the rule picks it)
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
     k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
@@ -265,7 +268,8 @@ std::string dispatch_rules() {
          "for 192 and 256, 64 keys per step there; bias: the warp-specialised forward and the dK dV kernel, "
          "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "
          "the consumers and the producer warpgroup, and the dK dV kernel, its keep bits drawn by a producer warpgroup "
-         "at tile 64 and by the math warpgroups at 128; forward: not for windows spanning fewer than " +
+         "at tile 64 and by the math warpgroups at 128; the dK dV kernel takes 128 query rows per step at tile 64 "
+         "without bias or dropout, 64 otherwise; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
@@ -283,7 +287,7 @@ std::string dispatch_rules() {
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
          "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
          "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1, "
-         "SINKATTN_CUDA_FWD_SECTION=N";
+         "SINKATTN_CUDA_FWD_SECTION=N, SINKATTN_CUDA_DKDV_BM=64";
 }
 
 }  // namespace sinkattn::cuda

@@ -51,6 +51,7 @@ struct Switches {
   bool no_dbias_group_sum = false;
   bool no_bias_tma = false;
   int fwd_section = -1;  // -1: the L2 rule
+  int dkdv_block_m = 0;  // Hopper dK dV query rows per step: 0 the rule (tiles::dkdv_sm90_block_m), 64 always 64
 };
 Switches switches_from_env();
 

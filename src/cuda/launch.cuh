@@ -232,6 +232,53 @@ cudaError_t launch_bwd_dq(const Params& p, const KernelChoice& kc, cudaStream_t 
   return cudaGetLastError();
 }
 
+// The Hopper dK dV kernel with BM query rows per step (KernelChoice::dkdv_block_m) and the variant kc names.
+template <typename T, int HD, int BM>
+cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 grid, cudaStream_t stream) {
+  using Tr90 = sm90::DkvSm90Traits<HD, false, false, BM>;
+  static_assert(Tr90::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
+  // No query row at all (varlen with every seqlens_q 0, or s_q = 0): the dq accumulator has no bytes (a NULL
+  // workspace may then hold it) and the kernel only writes dK = dV = 0.
+  if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
+    return cudaErrorInvalidValue;
+  const bool det = kc.dq == DqPath::kFusedOrdered;
+  if (kc.bias && (kc.dropout || p.ws_dbias == nullptr)) return cudaErrorInvalidValue;
+  // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
+  if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
+  if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
+  auto kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, false, BM>
+                    : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, false, BM>;
+  int smem = Tr90::kSmem, threads = Tr90::kThreads;
+  if constexpr (BM == 64) {
+    // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
+    using Tr90B = sm90::DkvSm90Traits<HD, true>;
+    // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
+    // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
+    using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
+    if (kc.bias) {
+      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
+      smem = kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
+    } else if (kc.dropout) {
+      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>;
+      smem = Tr90D::kSmem;
+      threads = Tr90D::kThreads;
+    }
+  } else if (kc.bias || kc.dropout) {
+    return cudaErrorInvalidValue;  // (DkvSm90Traits: 128 rows per step for the plain variants only)
+  }
+  cudaError_t e = prepare_smem(kernel, smem);
+  if (e != cudaSuccess) return e;
+  sm90::Sm90Tma tma{};
+  const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
+  // Boxes of BM rows (the kernel's TMA blocks are whole query blocks).
+  tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, BM) &&
+           make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, BM);
+  tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, BM);
+  tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, BM);
+  kernel<<<grid, threads, smem, stream>>>(p, tma);
+  return cudaGetLastError();
+}
+
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using Tr = DkvTraits<HD>;
@@ -241,42 +288,11 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
   switch (kc.dkdv) {
     case DkvKernel::kSm90:
       if constexpr (tiles::has_sm90(HD)) {
-        using Tr90 = sm90::DkvSm90Traits<HD>;
-        static_assert(Tr90::kBlockN == Tr::kBlockN && Tr90::kBlockM == 64, "same grid; TMA box of 64 rows");
-        // No query row at all (varlen with every seqlens_q 0, or s_q = 0): the dq accumulator has no bytes (a NULL
-        // workspace may then hold it) and the kernel only writes dK = dV = 0.
-        if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
-          return cudaErrorInvalidValue;
-        const bool det = kc.dq == DqPath::kFusedOrdered;
-        if (kc.bias && (kc.dropout || p.ws_dbias == nullptr)) return cudaErrorInvalidValue;
-        const auto kernel = kc.bias      ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
-                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>)
-                            : kc.dropout ? (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true>
-                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>)
-                                         : (det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true>
-                                                : sm90::bwd_dkdv_sm90_kernel<T, HD, false>);
-        // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
-        if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
-        // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
-        using Tr90B = sm90::DkvSm90Traits<HD, true>;
-        if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
-        // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
-        // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
-        using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
-        const int smem = kc.bias      ? (kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem)
-                         : kc.dropout ? Tr90D::kSmem
-                                      : Tr90::kSmem;
-        const int threads = kc.dropout ? Tr90D::kThreads : Tr90::kThreads;
-        cudaError_t e = prepare_smem(kernel, smem);
-        if (e != cudaSuccess) return e;
-        sm90::Sm90Tma tma{};
-        const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
-        tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, Tr90::kBlockM) &&
-                 make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, Tr90::kBlockM);
-        tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, Tr90::kBlockM);
-        tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, Tr90::kBlockM);
-        kernel<<<grid, threads, smem, stream>>>(p, tma);
-        return cudaGetLastError();
+        if (kc.dkdv_block_m == 64) return launch_bwd_dkdv_sm90<T, HD, 64>(p, kc, grid, stream);
+        if constexpr (HD == 64) {  // 128 query rows per step: the plain variants (tiles::dkdv_sm90_block_m)
+          if (kc.dkdv_block_m == 128 && !kc.bias && !kc.dropout)
+            return launch_bwd_dkdv_sm90<T, HD, 128>(p, kc, grid, stream);
+        }
       }
       return cudaErrorInvalidValue;
     case DkvKernel::kSm80Extra: {

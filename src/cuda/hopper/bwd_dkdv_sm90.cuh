@@ -5,11 +5,14 @@
 // dq_order.hpp has the order, why the sums are bitwise reproducible and why the waits cannot deadlock). The
 // dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
-//   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
+//   S^T = K Q^T, dP^T = V dO^T (per query block of BM rows, per query head of the KV group)
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order),
 //   dQ += dS K (fp32 TMA reduce-adds, or atomics)
-// Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), 64 query rows per step.
+// Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), BM query rows per step:
+// 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; DkvSm90Traits::kPSmem: P^T and dS^T
+// then reach dV and dK through shared memory, dQ is split by rows). The text below describes BM = 64; at 128 the
+// products are twice as wide (m64n128 S^T / dP^T), the boxes 128 rows high, and sdQ has one buffer.
 // Per step: S^T and dP^T as two m64n64k16 chains (A = K or V rows of the warpgroup, B = Q or dO, both K-major);
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
@@ -74,7 +77,7 @@ struct Sm90Tma {
   int ok, dq_ok, bias_ok;
 };
 
-template <int HD, bool kBias_ = false, bool kDropout_ = false>
+template <int HD, bool kBias_ = false, bool kDropout_ = false, int BM_ = 64>
 struct DkvSm90Traits {
   static constexpr int kConsumers = 256;  // the 2 warpgroups of the math (64 keys each)
   // kDropout at head dim 64: a third warpgroup, the keep producer (keep_producer: Philox blocks into sKeep), with
@@ -89,8 +92,20 @@ struct DkvSm90Traits {
   static_assert(!kKeepProducer || kKeepRegs * 128 + kConsumerRegs * kConsumers <= 168 * kThreads,
                 "setmaxnreg redistributes the block's registers");
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
-  static constexpr int kBlockM = tiles::dkdv_sm90_block_m(HD);  // query rows per step
-  static_assert(kBlockN == 128 && kBlockM == 64, "2 warpgroups x 64 keys, 64-row TMA boxes");
+  static constexpr int kBlockM = BM_;                            // query rows per step (tiles::dkdv_sm90_block_m)
+  // 128 query rows per step: head dim 64 without bias or dropout only (the registers: S^T and dP^T are 64 x 128 per
+  // warpgroup; the keep producer's bit layout and the bias staging are written for 64).
+  static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && HD == 64 && !kBias_ && !kDropout_)),
+                "2 warpgroups x 64 keys; 64 or 128 query rows per step");
+  // The dQ product of a step (BM x HD) is split between the warpgroups by columns at 64 rows (HD / 2 each), by rows
+  // at 128 (64 x HD each): 64 x 64 fp32 per thread either way at head dim 64.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  // 128 rows: P^T goes through shared memory (sP, the A operand of dV read K-major) instead of registers, which the
+  // 64 x 128 S^T and dP^T fragments leave none for (in registers: 255 and 140 bytes of spills, ptxas -v); and one sdQ
+  // buffer instead of two (the shared memory; the previous step's reduce-adds, issued at the top of the step, are
+  // waited for at its middle barrier).
+  static constexpr bool kPSmem = kBlockM == 128;  // and dK's A operand dS^T from sdS
+  static constexpr int kDqBufs = kBlockM == 128 ? 1 : 2;
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
@@ -104,7 +119,7 @@ struct DkvSm90Traits {
   static constexpr int kBiasTile = kBlockM * kBlockN;
   static constexpr int kBiasBufs = !kBias_ ? 0 : HD == 64 ? 2 : 1;
   static constexpr int kBiasOff =
-      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
+      (2 * kBlockN * HD + 4 * kBlockM * HD + (kPSmem ? 2 : 1) * kBlockN * kBlockM) * 2 + kDqBufs * kBlockM * HD * 4;
   static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
   static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 + 32 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
@@ -212,12 +227,12 @@ __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& k
 // the d_bias workspace (store_dbias_ws) besides dQ, dK; with Params::ws_dbias_heads = h_kv (a bias broadcast over
 // the heads, KernelChoice::dbias_group_sum) summed over the KV group's query heads first, in shared memory
 // (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/RESULTS.md, 2026-12-02).
-template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false>
-__global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 1)
+template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false, int BM_ = 64>
+__global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThreads, 1)
     bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkvSm90Traits<HD, kBias, kDropout>;
+  using Tr = DkvSm90Traits<HD, kBias, kDropout, BM_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
@@ -225,8 +240,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   T* sQ = sV + BN * HD;       // [2][BM * HD], swizzled row panels (1024-byte aligned: BN * HD * 2 bytes per tile)
   T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
   T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
-  float* sdQ = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM * HD] fp32 (1024-byte aligned)
-  T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
+  T* sP = sdS + BN * BM;      // kPSmem: [BN * BM]: P^T, rows = keys, cols = queries
+  float* sdQ = reinterpret_cast<float*>(sP + (Tr::kPSmem ? BN * BM : 0));  // [kDqBufs][BM * HD] fp32 (1024-aligned)
+  T* sB = reinterpret_cast<T*>(sdQ + Tr::kDqBufs * BM * HD);  // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
   float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kKeepProducer: [2][BN] keep bits
@@ -288,7 +304,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
 #pragma unroll
     for (int bx = 0; bx < HD / 32; ++bx)
       if (bx * 32 < p.d)
-        tma_reduce_add_3d(&tma.dq, sdQ + pending_buf * BM * HD + bx * BM * 32, bx * 32, pending_row, pending_h);
+        tma_reduce_add_3d(&tma.dq, sdQ + (Tr::kDqBufs == 2 ? pending_buf : 0) * BM * HD + bx * BM * 32, bx * 32,
+                          pending_row, pending_h);
     bulk_commit();
   };
   if (tid == 0) {
@@ -344,7 +361,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
   // thread 0 issuing both, the release waited for the next step's tiles, 0.24 ms of the deterministic backward at the
   // MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03 twelfth session).
   constexpr int kLoader = kDet && !kBias ? 32 : 0;
-  const int pf_tid = kDet ? tid ^ 64 : tid;
+  const int pf_tid = kDet ? tid ^ BM : tid;  // BM 128: threads 128 .. 255
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
@@ -522,10 +539,30 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       } else {
         pack_a_frags<T>(s, ap);
       }
+      if constexpr (Tr::kPSmem) {  // P^T (rounded to T, as in registers) to sP, the warpgroup's 64 rows
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int c = kc * 16 + hf * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(sP + sw_offset<BN>(r0, c)) = ap[kc][2 * hf];
+            *reinterpret_cast<uint32_t*>(sP + sw_offset<BN>(r0 + 8, c)) = ap[kc][2 * hf + 1];
+          }
+        fence_proxy_async();
+        if (wg == 0)  // the warpgroup's stores, before its wgmmas read them (constant ids: ptxas reserves 4)
+          named_bar_sync(2, 128);
+        else
+          named_bar_sync(3, 128);
+      }
       wgmma_fence();
 #pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        if constexpr (Tr::kPSmem)
+          Wgmma<T, HD>::template ss<0, 1>(acc_dv, desc_kmajor_sw<BN>(sP + wg * 64 * 64, kc),
+                                          desc_mnmajor_sw<BM>(do_cur, kc), 1);
+        else
+          Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
+      }
       wgmma_commit();
       wgmma_wait<1>();  // dP^T (dV still running)
       fence_acc(dpv);
@@ -545,7 +582,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
       }
-      pack_a_frags<T>(dpv, as);
+      if constexpr (!Tr::kPSmem) pack_a_frags<T>(dpv, as);  // (kPSmem: dK reads dS^T from sdS)
       if constexpr (kBias) {  // dS^T to the d_bias workspace (dpv is not read after this)
         if (p.ws_dbias_heads == p.h_q) {
           store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
@@ -568,8 +605,10 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
       if constexpr (kProducer) mbar_arrive(&keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
+      if constexpr (!Tr::kPSmem) {
 #pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
+        for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
@@ -579,8 +618,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
     }
     // This step's sdQ buffer was read by the reduce-adds issued in the previous step (of the step before it), the
     // newest group unless this step issued one.
+    // One buffer (kDqBufs 1): the newest group read it.
     if (tid == 0) {
-      if (issued)
+      if (issued && Tr::kDqBufs == 2)
         bulk_wait_read<1>();
       else
         bulk_wait_read<0>();
@@ -592,22 +632,29 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       if (bias_smem && prefetch && tid == 0) issue_bias_one(ih_next, iq_next);
     }
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
-    // Warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product.
+    // BM 64: warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product; BM 128: rows
+    // [64 wg, 64 wg + 64) (queries; sdS's column panel wg) x all HD columns.
     {
-      constexpr int HN = HD / 2;
-      const int n0 = wg * HN;
+      constexpr bool kRows = Tr::kDqSplitRows;
+      constexpr int HN = kRows ? HD : HD / 2;
+      const int n0 = kRows ? 0 : wg * HN, m0 = kRows ? wg * 64 : 0;
       float accq[HN / 8][4];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor_sw<BN>(sdS, kk),
+        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor_sw<BN>(sdS + (m0 / 64) * BN * 64, kk),
                                                   desc_mnmajor_sw<BN>(sK + (n0 / 64) * BN * 64 + n0 % 64, kk), kk > 0);
       wgmma_commit();
       // dK += dS^T Q: A = dS^T from registers, B = Q read MN-major (issued unconditionally, with dS^T = 0 when the
       // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).
 #pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        if constexpr (Tr::kPSmem)  // A = the warpgroup's rows of sdS, K-major
+          Wgmma<T, HD>::template ss<0, 1>(acc_dk, desc_kmajor_sw<BN>(sdS + wg * 64 * 64, kc),
+                                          desc_mnmajor_sw<BM>(q_cur, kc), 1);
+        else
+          Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
+      }
       wgmma_commit();
       if constexpr (kDet) {
         // A step that opens a query block closes the previous one: its turn goes to the next key block. Its atomics
@@ -627,8 +674,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
       if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
-        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + buf * BM * HD);
-        const int ra = wl * 16 + g;
+        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + (Tr::kDqBufs == 2 ? buf : 0) * BM * HD);
+        const int ra = m0 + wl * 16 + g;
 #pragma unroll
         for (int nt = 0; nt < HN / 8; ++nt) {
           const int c = n0 + nt * 8 + 2 * t;
@@ -643,7 +690,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout>::kThreads, 
         pending_row = static_cast<int>(ws_row(p, sq, n, i0));
       } else {
         // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
-        const int ia = i0 + wl * 16 + g;
+        const int ia = i0 + m0 + wl * 16 + g;
         const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
         float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
         float* pb = pa + 8 * p.d;
