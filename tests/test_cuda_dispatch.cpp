@@ -45,6 +45,10 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
   EXPECT_EQ(k.fwd_block_m, 192);
   EXPECT_EQ(k.fwd_block_n, 128);
   EXPECT_TRUE(k.fwd_persistent);
+  EXPECT_EQ(k.fwd_sms, 0);  // kH200 gives no SM count: the launcher asks the device
+  DeviceProps h200_sms = kH200;
+  h200_sms.sms = 132;
+  EXPECT_EQ(choose_kernels(c, h200_sms, Switches{}).fwd_sms, 132);
   EXPECT_TRUE(k.fwd_tma);
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dkdv_block_n, 128);

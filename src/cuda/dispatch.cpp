@@ -155,6 +155,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
       k.fwd_block_m = 64 * k.fwd_consumers;
       k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
       k.fwd_persistent = sw.fwd_ws_persistent;
+      k.fwd_sms = dev.sms;
       k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
     } else {
       k.fwd = FwdKernel::kSm90;

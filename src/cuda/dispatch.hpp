@@ -91,6 +91,7 @@ struct KernelChoice {
   bool fwd_bias_tma = false, dkdv_bias_tma = false;
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (2 or 3)
   bool fwd_persistent = false;   // kSm90Ws: persistent blocks (one per SM) over the tiles
+  int fwd_sms = 0;               // kSm90Ws persistent: the device's SMs (DeviceProps::sms; 0: the launcher asks)
   // kSm90Ws: (head, sequence) pairs per L2 section of the tile order (scheduler.hpp, fwd_section_pairs; 0: one
   // section, the plain longest-first order).
   int fwd_section = 0;

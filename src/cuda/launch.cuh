@@ -138,9 +138,13 @@ cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t 
   if (tiles == 0) return cudaSuccess;
   int64_t blocks = tiles;
   if (kc.fwd_persistent) {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return cudaGetLastError();
+    int sms = kc.fwd_sms;  // the dispatch's cached device properties; asked here only when they had none
+    if (sms <= 0) {
+      int dev = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return cudaGetLastError();
+    }
     blocks = std::min<int64_t>(tiles, sms);
   }
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
