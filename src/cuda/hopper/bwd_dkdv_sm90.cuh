@@ -10,9 +10,9 @@
 //   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order),
 //   dQ += dS K (fp32 TMA reduce-adds, or atomics)
 // Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), BM query rows per step:
-// 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; DkvSm90Traits::kPSmem: P^T and dS^T
-// then reach dV and dK through shared memory, dQ is split by rows). The text below describes BM = 64; at 128 the
-// products are twice as wide (m64n128 S^T / dP^T), the boxes 128 rows high, and sdQ has one buffer.
+// 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; dQ then split by rows:
+// DkvSm90Traits::kDqSplitRows). The text below describes BM = 64; at 128 the S^T / dP^T products are m64n128, the
+// boxes 128 rows high.
 // Per step: S^T and dP^T as two m64n64k16 chains (A = K or V rows of the warpgroup, B = Q or dO, both K-major);
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
@@ -100,12 +100,10 @@ struct DkvSm90Traits {
   // The dQ product of a step (BM x HD) is split between the warpgroups by columns at 64 rows (HD / 2 each), by rows
   // at 128 (64 x HD each): 64 x 64 fp32 per thread either way at head dim 64.
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  // 128 rows: P^T goes through shared memory (sP, the A operand of dV read K-major) instead of registers, which the
-  // 64 x 128 S^T and dP^T fragments leave none for (in registers: 255 and 140 bytes of spills, ptxas -v); and one sdQ
-  // buffer instead of two (the shared memory; the previous step's reduce-adds, issued at the top of the step, are
-  // waited for at its middle barrier).
-  static constexpr bool kPSmem = kBlockM == 128;  // and dK's A operand dS^T from sdS
-  static constexpr int kDqBufs = kBlockM == 128 ? 1 : 2;
+  // At 128 rows P^T and dS^T stay in registers as at 64 (A operands of dV and dK): 255 registers and 140 bytes of
+  // spill stores (ptxas -v). Staging P^T in shared memory for dV and reading dS^T from sdS for dK (84 bytes of
+  // spills) measured slower on the H200: GPT-OSS full backward 2.10-2.12 ms against 1.93-1.94 (bench/RESULTS.md,
+  // 2026-12-03 fifteenth session).
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
@@ -119,7 +117,7 @@ struct DkvSm90Traits {
   static constexpr int kBiasTile = kBlockM * kBlockN;
   static constexpr int kBiasBufs = !kBias_ ? 0 : HD == 64 ? 2 : 1;
   static constexpr int kBiasOff =
-      (2 * kBlockN * HD + 4 * kBlockM * HD + (kPSmem ? 2 : 1) * kBlockN * kBlockM) * 2 + kDqBufs * kBlockM * HD * 4;
+      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
   static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
   static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 + 32 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
@@ -240,9 +238,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   T* sQ = sV + BN * HD;       // [2][BM * HD], swizzled row panels (1024-byte aligned: BN * HD * 2 bytes per tile)
   T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
   T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
-  T* sP = sdS + BN * BM;      // kPSmem: [BN * BM]: P^T, rows = keys, cols = queries
-  float* sdQ = reinterpret_cast<float*>(sP + (Tr::kPSmem ? BN * BM : 0));  // [kDqBufs][BM * HD] fp32 (1024-aligned)
-  T* sB = reinterpret_cast<T*>(sdQ + Tr::kDqBufs * BM * HD);  // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
+  float* sdQ = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM * HD] fp32 (1024-byte aligned)
+  T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
   float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
   float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
   uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kKeepProducer: [2][BN] keep bits
@@ -304,8 +301,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
 #pragma unroll
     for (int bx = 0; bx < HD / 32; ++bx)
       if (bx * 32 < p.d)
-        tma_reduce_add_3d(&tma.dq, sdQ + (Tr::kDqBufs == 2 ? pending_buf : 0) * BM * HD + bx * BM * 32, bx * 32,
-                          pending_row, pending_h);
+        tma_reduce_add_3d(&tma.dq, sdQ + pending_buf * BM * HD + bx * BM * 32, bx * 32, pending_row, pending_h);
     bulk_commit();
   };
   if (tid == 0) {
@@ -539,30 +535,10 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       } else {
         pack_a_frags<T>(s, ap);
       }
-      if constexpr (Tr::kPSmem) {  // P^T (rounded to T, as in registers) to sP, the warpgroup's 64 rows
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; ++kc)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int c = kc * 16 + hf * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(sP + sw_offset<BN>(r0, c)) = ap[kc][2 * hf];
-            *reinterpret_cast<uint32_t*>(sP + sw_offset<BN>(r0 + 8, c)) = ap[kc][2 * hf + 1];
-          }
-        fence_proxy_async();
-        if (wg == 0)  // the warpgroup's stores, before its wgmmas read them (constant ids: ptxas reserves 4)
-          named_bar_sync(2, 128);
-        else
-          named_bar_sync(3, 128);
-      }
       wgmma_fence();
 #pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) {
-        if constexpr (Tr::kPSmem)
-          Wgmma<T, HD>::template ss<0, 1>(acc_dv, desc_kmajor_sw<BN>(sP + wg * 64 * 64, kc),
-                                          desc_mnmajor_sw<BM>(do_cur, kc), 1);
-        else
-          Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
-      }
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
       wgmma_commit();
       wgmma_wait<1>();  // dP^T (dV still running)
       fence_acc(dpv);
@@ -582,7 +558,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
         *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
       }
-      if constexpr (!Tr::kPSmem) pack_a_frags<T>(dpv, as);  // (kPSmem: dK reads dS^T from sdS)
+      pack_a_frags<T>(dpv, as);
       if constexpr (kBias) {  // dS^T to the d_bias workspace (dpv is not read after this)
         if (p.ws_dbias_heads == p.h_q) {
           store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
@@ -605,10 +581,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       }
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
       if constexpr (kProducer) mbar_arrive(&keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
-      if constexpr (!Tr::kPSmem) {
 #pragma unroll
-        for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
-      }
+      for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
@@ -618,9 +592,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     }
     // This step's sdQ buffer was read by the reduce-adds issued in the previous step (of the step before it), the
     // newest group unless this step issued one.
-    // One buffer (kDqBufs 1): the newest group read it.
     if (tid == 0) {
-      if (issued && Tr::kDqBufs == 2)
+      if (issued)
         bulk_wait_read<1>();
       else
         bulk_wait_read<0>();
@@ -648,13 +621,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       // dK += dS^T Q: A = dS^T from registers, B = Q read MN-major (issued unconditionally, with dS^T = 0 when the
       // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).
 #pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) {
-        if constexpr (Tr::kPSmem)  // A = the warpgroup's rows of sdS, K-major
-          Wgmma<T, HD>::template ss<0, 1>(acc_dk, desc_kmajor_sw<BN>(sdS + wg * 64 * 64, kc),
-                                          desc_mnmajor_sw<BM>(q_cur, kc), 1);
-        else
-          Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
-      }
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
       wgmma_commit();
       if constexpr (kDet) {
         // A step that opens a query block closes the previous one: its turn goes to the next key block. Its atomics
@@ -674,7 +642,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
       if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
-        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + (Tr::kDqBufs == 2 ? buf : 0) * BM * HD);
+        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + buf * BM * HD);
         const int ra = m0 + wl * 16 + g;
 #pragma unroll
         for (int nt = 0; nt < HN / 8; ++nt) {
