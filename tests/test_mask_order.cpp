@@ -182,7 +182,7 @@ TEST(CommonSeq, BoundsAndClamp) {
 
 // Both query-block heights of the kernel: 64, and 128 (tile 64 without bias / dropout).
 constexpr int kBN = cuda::tiles::dkdv_sm90_block_n(64);
-static_assert(cuda::tiles::dkdv_sm90_block_m(64) == 64 && cuda::tiles::dkdv_sm90_block_m(64, true) == 128,
+static_assert(cuda::tiles::dkdv_sm90_block_m(64, false) == 64 && cuda::tiles::dkdv_sm90_block_m(64, true) == 128,
               "the heights simulated below");
 
 // One sequence of a call: its lengths and mask.

@@ -260,7 +260,8 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
     // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
     using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
     if (kc.bias) {
-      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
+      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
+                   : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
       smem = kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
     } else if (kc.dropout) {
       kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>;
@@ -268,7 +269,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
       threads = Tr90D::kThreads;
     }
   } else if (kc.bias || kc.dropout) {
-    return cudaErrorInvalidValue;  // (DkvSm90Traits: 128 rows per step for the plain variants only)
+    return cudaErrorInvalidValue;  // 128 rows per step: the plain variants only (DkvSm90Traits)
   }
   cudaError_t e = prepare_smem(kernel, smem);
   if (e != cudaSuccess) return e;
@@ -293,9 +294,8 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
     case DkvKernel::kSm90:
       if constexpr (tiles::has_sm90(HD)) {
         if (kc.dkdv_block_m == 64) return launch_bwd_dkdv_sm90<T, HD, 64>(p, kc, grid, stream);
-        if constexpr (HD == 64) {  // 128 query rows per step: the plain variants (tiles::dkdv_sm90_block_m)
-          if (kc.dkdv_block_m == 128 && !kc.bias && !kc.dropout)
-            return launch_bwd_dkdv_sm90<T, HD, 128>(p, kc, grid, stream);
+        if constexpr (HD == 64) {  // 128 query rows per step (tiles::dkdv_sm90_block_m)
+          if (kc.dkdv_block_m == 128) return launch_bwd_dkdv_sm90<T, HD, 128>(p, kc, grid, stream);
         }
       }
       return cudaErrorInvalidValue;

@@ -45,7 +45,7 @@ constexpr int dkdv_sm90_block_n(int) { return 128; }
 // Query rows per step: 128 at tile 64 without bias or dropout (S^T and dP^T as m64n128 products, half the steps and
 // barriers per FLOP; measured on the H200: bench/RESULTS.md, 2026-12-03 fifteenth session), 64 otherwise (tile 128:
 // the math takes 254 registers at 64 rows; the bias / dropout variants' staging and keep bits are laid out for 64).
-constexpr int dkdv_sm90_block_m(int hd, bool plain = false) { return hd == 64 && plain ? 128 : 64; }
+constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ? 128 : 64; }
 // The Hopper dK dV kernel's dropout variant draws the keep bits in a producer warpgroup at head dim 64; at 128 the
 // math warpgroups draw them (their 254 registers leave none for a third warpgroup: bwd_dkdv_sm90.cuh).
 constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }

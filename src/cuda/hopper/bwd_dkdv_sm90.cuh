@@ -98,7 +98,7 @@ struct DkvSm90Traits {
   static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && HD == 64 && !kBias_ && !kDropout_)),
                 "2 warpgroups x 64 keys; 64 or 128 query rows per step");
   // The dQ product of a step (BM x HD) is split between the warpgroups by columns at 64 rows (HD / 2 each), by rows
-  // at 128 (64 x HD each): 64 x 64 fp32 per thread either way at head dim 64.
+  // at 128 (64 x HD each): a 64 x 64 fp32 tile per warpgroup either way at head dim 64.
   static constexpr bool kDqSplitRows = kBlockM == 128;
   // At 128 rows P^T and dS^T stay in registers as at 64 (A operands of dV and dK): 255 registers and 140 bytes of
   // spill stores (ptxas -v). Staging P^T in shared memory for dV and reading dS^T from sdS for dK (84 bytes of
