@@ -110,15 +110,15 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   EXPECT_EQ(kd.dq, DqPath::kFusedOrdered);
   EXPECT_TRUE(kd.dq_tma);
   EXPECT_EQ(kd.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-query-block semaphores, "
-            "deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)");
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
+            "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)");
   sw = Switches{};
   sw.dq_atomics = true;
   const KernelChoice kda = choose_kernels(det, kH200, sw);
   EXPECT_FALSE(kda.dq_tma);
   EXPECT_EQ(kda.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-query-block semaphores, "
-            "deterministic)");
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
+            "semaphores, deterministic)");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
   EXPECT_FALSE(choose_kernels(few, kH200, Switches{}).dq_tma);
@@ -245,6 +245,14 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   Call cb = c;
   cb.deterministic = true;
   EXPECT_EQ(choose_kernels(cb, kH200, Switches{}).dq, DqPath::kFusedOrdered);
+  // The deterministic bias variants keep one turn per query block (dq_order.hpp, dq_turn_per_step); without a bias,
+  // one per (query head, query block).
+  EXPECT_TRUE(has(choose_kernels(cb, kH200, Switches{}).summary(Pass::kBackward),
+                  "dq fused in a fixed order (per-query-block semaphores, deterministic"));
+  Call cp = cb;
+  cp.plan.bias = Use::kAbsent;
+  EXPECT_TRUE(has(choose_kernels(cp, kH200, Switches{}).summary(Pass::kBackward),
+                  "dq fused in a fixed order (per-(query head, query block) semaphores, deterministic"));
   Call c64 = make_call(SINKATTN_BF16, 64, 1024, 8, 8, -1, 0, true);
   c64.plan.bias = Use::kRequired;
   k = choose_kernels(c64, kH200, Switches{});

@@ -190,15 +190,17 @@ struct Seq {
   int len_q, len_kv, rows_kv;
 };
 
-// The events of one block of the kernel (kDet), in program order: a release of a query block's turn, or a wait for
-// the turn `turn` of query block qb followed by that step's adds.
+// The events of one block of the kernel (kDet), in program order: a release of a turn, or a wait for the turn `turn`
+// of (head slot h, query block qb) followed by the adds of the turn's steps. kPerStep: DqTurns' unit (one turn per
+// step, the query head's slot; else one per query block, the KV head's slot).
 struct Event {
   bool release;
-  int qb, turn;
+  int h, qb, turn;
 };
 
-template <int kBM>
-std::vector<Event> block_events(const BandMask<int>& mk, int kb, int rows_kv, int group) {
+template <int kBM, bool kPerStep>
+std::vector<Event> block_events(const BandMask<int>& mk, int kb, int hk, int rows_kv, int group) {
+  using Turns = cuda::DqTurns<kPerStep>;
   std::vector<Event> ev;
   const int j0 = kb * kBN;
   if (j0 >= rows_kv) return ev;  // the kernel returns before any step
@@ -206,23 +208,33 @@ std::vector<Event> block_events(const BandMask<int>& mk, int kb, int rows_kv, in
   query_blocks_of_key_block<kBM, kBN>(mk, j0, qb_lo, nq);
   const int iters = nq * group;
   using Order = cuda::StepOrder<true>;
-  int ih, iq, held = -1;  // the query block whose turn the block holds, tracked here to check the kernel's formulas
+  int ih, iq, held_h = -1, held_q = -1;  // the turn the block holds, tracked here to check the kernel's formulas
   Order::first(nq, group, ih, iq);
   for (int it = 0; it < iters; ++it) {
     const int qb = qb_lo + iq;
-    if (Order::opens_query_block(ih)) {
-      if (it > 0) {  // the kernel releases qb_lo + previous_query_block(iq)
-        EXPECT_EQ(qb_lo + Order::previous_query_block(iq), held);
-        ev.push_back({true, qb_lo + Order::previous_query_block(iq), 0});
+    if (Turns::opens(ih)) {
+      if (it > 0) {  // the kernel releases the turn of Turns::previous(ih, iq)
+        int ph = ih, pq = iq;
+        Turns::previous(group, ph, pq);
+        EXPECT_EQ(Turns::head(hk, group, ph), held_h);
+        EXPECT_EQ(qb_lo + pq, held_q);
+        ev.push_back({true, Turns::head(hk, group, ph), qb_lo + pq, 0});
       }
-      ev.push_back({false, qb, cuda::dq_turn<kBM, kBN>(mk, kb, qb)});
-      held = qb;
+      ev.push_back({false, Turns::head(hk, group, ih), qb, cuda::dq_turn<kBM, kBN>(mk, kb, qb)});
+      held_h = Turns::head(hk, group, ih);
+      held_q = qb;
+    } else {  // a step of the held turn
+      EXPECT_EQ(Turns::head(hk, group, ih), held_h);
+      EXPECT_EQ(qb, held_q);
     }
     Order::next(nq, group, ih, iq);
   }
-  if (iters > 0) {  // the kernel releases qb_lo + last_query_block(nq) after the loop
-    EXPECT_EQ(qb_lo + Order::last_query_block(nq), held);
-    ev.push_back({true, qb_lo + Order::last_query_block(nq), 0});
+  if (iters > 0) {  // the kernel releases the turn of Turns::last after the loop
+    int lh, lq;
+    Turns::last(group, lh, lq);
+    EXPECT_EQ(Turns::head(hk, group, lh), held_h);
+    EXPECT_EQ(qb_lo + lq, held_q);
+    ev.push_back({true, Turns::head(hk, group, lh), qb_lo + lq, 0});
   }
   return ev;
 }
@@ -258,11 +270,12 @@ SimCall random_call(std::mt19937& r) {
 
 // Runs every block of the call to the end with at most `resident` blocks at once, tickets in launch order, events
 // interleaved at random. Fails on a deadlock (every resident block waiting) or a broken order.
-template <int kBM>
+template <int kBM, bool kPerStep>
 void simulate(const SimCall& c, int resident, std::mt19937& r) {
   const int gx = (c.s_kv + kBN - 1) / kBN, gy = c.h_kv, gz = static_cast<int>(c.seqs.size());
   const int n_qb = (c.s_q + kBM - 1) / kBM;
-  std::vector<unsigned> sem(static_cast<size_t>(cuda::dq_sem_count(gz, gy, n_qb)), 0u);
+  const int h_q = gy * c.group;
+  std::vector<unsigned> sem(static_cast<size_t>(cuda::dq_sem_count(gz, h_q, n_qb)), 0u);
   std::map<int64_t, std::vector<int>> adds;  // semaphore -> key blocks in the order they added
   struct Running {
     std::vector<Event> ev;
@@ -280,7 +293,8 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
           static_cast<unsigned>(gy), false);
       const Seq& s = c.seqs[t.batch];
       const BandMask<int> mk(c.br, c.wl, c.wr, s.len_q, s.len_kv);
-      run.push_back({block_events<kBM>(mk, t.block, s.rows_kv, c.group), 0, t.batch, t.head, t.block});
+      run.push_back(
+          {block_events<kBM, kPerStep>(mk, t.block, t.head, s.rows_kv, c.group), 0, t.batch, t.head, t.block});
     }
     if (run.empty()) break;
     std::vector<size_t> ready;
@@ -291,7 +305,7 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
         continue;
       }
       const Event& e = b.ev[b.pos];
-      const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
+      const int64_t si = cuda::dq_sem_index(b.n, e.h, h_q, n_qb, e.qb);
       if (e.release || sem[static_cast<size_t>(si)] == static_cast<unsigned>(e.turn)) ready.push_back(k);
       ASSERT_LE(static_cast<long>(sem[static_cast<size_t>(si)]), e.release ? 1L << 30 : e.turn)
           << "a turn passed before this block took it";
@@ -299,8 +313,9 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
     if (ready.empty()) {
       for (const Running& b : run) {
         const Event& e = b.ev[b.pos];
-        const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
-        ADD_FAILURE() << "block n " << b.n << " hk " << b.hk << " kb " << b.kb << " waits for qb " << e.qb << " turn "
+        const int64_t si = cuda::dq_sem_index(b.n, e.h, h_q, n_qb, e.qb);
+        ADD_FAILURE() << "block n " << b.n << " hk " << b.hk << " kb " << b.kb << " waits for h " << e.h << " qb " << e.qb
+                    << " turn "
                       << e.turn << ", counter " << sem[static_cast<size_t>(si)] << " (len_q " << c.seqs[b.n].len_q
                       << " len_kv " << c.seqs[b.n].len_kv << ")";
       }
@@ -313,7 +328,7 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
       continue;
     }
     const Event& e = b.ev[b.pos++];
-    const int64_t si = cuda::dq_sem_index(b.n, b.hk, gy, n_qb, e.qb);
+    const int64_t si = cuda::dq_sem_index(b.n, e.h, h_q, n_qb, e.qb);
     ASSERT_GE(si, 1);
     ASSERT_LT(si, static_cast<int64_t>(sem.size()));
     if (e.release) {
@@ -322,10 +337,11 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
       adds[si].push_back(b.kb);
     }
   }
-  // Every query block: added to by exactly the key blocks that see it (brute force over the mask), ascending.
+  // Every turn (head slot, query block): added to by exactly the key blocks that see it (brute force over the mask),
+  // ascending.
   for (int n = 0; n < gz; ++n) {
     const Seq& s = c.seqs[n];
-    for (int hk = 0; hk < gy; ++hk)
+    for (int h = 0; h < (kPerStep ? h_q : gy); ++h)
       for (int qb = 0; qb < n_qb; ++qb) {
         std::vector<int> want;
         for (int kb = 0; kb < gx; ++kb) {
@@ -335,9 +351,9 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
               sees = spec_visible(c.br, c.wl, c.wr, s.len_q, s.len_kv, i, j);
           if (sees) want.push_back(kb);
         }
-        const int64_t si = cuda::dq_sem_index(n, hk, gy, n_qb, qb);
+        const int64_t si = cuda::dq_sem_index(n, h, h_q, n_qb, qb);
         const std::vector<int>& got = adds[si];
-        ASSERT_EQ(got, want) << "n " << n << " hk " << hk << " qb " << qb;
+        ASSERT_EQ(got, want) << "n " << n << " h " << h << " qb " << qb;
         ASSERT_EQ(sem[static_cast<size_t>(si)], want.size());
       }
   }
@@ -348,8 +364,10 @@ TEST(DqOrder, EveryTurnOnceAscendingNoDeadlock) {
   for (int iter = 0; iter < 250; ++iter) {
     const SimCall c = random_call(r);
     for (int resident : {1, 2, 7, 1000}) {
-      simulate<64>(c, resident, r);
-      if (!HasFatalFailure()) simulate<128>(c, resident, r);
+      simulate<64, true>(c, resident, r);
+      if (!HasFatalFailure()) simulate<128, true>(c, resident, r);
+      if (!HasFatalFailure()) simulate<64, false>(c, resident, r);
+      if (!HasFatalFailure()) simulate<128, false>(c, resident, r);
       if (HasFatalFailure()) {
         ADD_FAILURE() << "call " << iter << ": s_q " << c.s_q << " s_kv " << c.s_kv << " wl " << c.wl << " wr " << c.wr
                       << " br " << c.br << " group " << c.group << " resident " << resident;
@@ -371,8 +389,9 @@ TEST(DqOrder, GptOssShapes) {
     c.s_q = c.s_kv = 4096;
     c.seqs = {{4096, 4096, 4096}};
     for (int resident : {1, 9, 132}) {
-      simulate<64>(c, resident, r);
-      simulate<128>(c, resident, r);
+      simulate<64, true>(c, resident, r);
+      simulate<128, true>(c, resident, r);
+      simulate<64, false>(c, resident, r);
     }
   }
 }

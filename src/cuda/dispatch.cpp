@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cuda/decode/decode_rules.hpp"
+#include "cuda/dq_order.hpp"
 #include "cuda/scheduler.hpp"
 #include "cuda/tiles.hpp"
 
@@ -252,11 +253,15 @@ std::string KernelChoice::summary(Pass pass) const {
       s += dq_tma ? ", dq fused (TMA reduce-add of fp32 tiles; atomics for partial query blocks)"
                   : ", dq fused (fp32 atomics)";
       break;
-    case DqPath::kFusedOrdered:
-      s += dq_tma ? ", dq fused in a fixed order (per-query-block semaphores, deterministic; TMA reduce-add of fp32 "
-                    "tiles, atomics for partial query blocks)"
-                  : ", dq fused in a fixed order (per-query-block semaphores, deterministic)";
+    case DqPath::kFusedOrdered: {
+      // The unit of a turn (dq_order.hpp: the kernel's variant reads the same rule).
+      const std::string sems = dq_turn_per_step(bias) ? "per-(query head, query block) semaphores"
+                                                      : "per-query-block semaphores";
+      s += ", dq fused in a fixed order (" + sems +
+           (dq_tma ? ", deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)"
+                   : ", deterministic)");
       break;
+    }
   }
   if (!bwd_why.empty()) s += ": " + bwd_why;
   return s;
@@ -274,7 +279,8 @@ std::string dispatch_rules() {
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
-         "under per-query-block semaphores on the Hopper kernel (deterministic = 1, the same TMA reduce-adds), or "
+         "under per-(query head, query block) semaphores (per-query-block ones with a bias) on the Hopper kernel "
+         "(deterministic = 1, the same TMA reduce-adds), or "
          "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias off Hopper); the sm_80 "
          "kernels run "
          "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "

@@ -4,27 +4,35 @@
 //
 // The kernel runs one block per (key block kb, KV head hk, sequence n). dq_i = sum_j dS_ij k_j is accumulated in fp32
 // in the workspace (Params::ws_dq) by every key block that some row of i's query block sees. Deterministic mode:
-//   * Order. Each (n, hk, query block qb) has a semaphore (a counter in the workspace, zeroed before the launch).
-//     The key blocks that see qb are kb_lo(qb) .. kb_hi(qb) - 1 (common/mask.hpp: key_blocks_of_query_block, the
-//     same relation the kernel walks from the key side), and block kb adds its part of qb, for every query head of
-//     the group, as turn kb - kb_lo(qb): it waits until the counter equals its turn, adds (a full query block's
-//     64 x HD tiles by TMA reduce-adds, a partial one's by fp32 vector reductions of its own elements: no other block
-//     writes them meanwhile), and once all its adds are complete the counter is incremented with release semantics. So every element of ws_dq receives the same sequence of fp32 additions, in the same
-//     order, on every run: the sum is bitwise reproducible (each contribution is itself a fixed sequence of wgmma
-//     products of the same inputs).
+//   * Order. Each turn has a semaphore (a counter in the workspace, zeroed before the launch). A turn is one step,
+//     (query head h, query block qb), or (DqTurns, dq_turn_per_step) one query block for all the heads of the KV
+//     group. The key blocks that see qb are kb_lo(qb) .. kb_hi(qb) - 1 (common/mask.hpp: key_blocks_of_query_block,
+//     the same relation the kernel walks from the key side), and block kb adds its part of the turn's tiles as turn
+//     kb - kb_lo(qb): it waits until the counter equals its turn, adds (a full query block's BM x HD tile by TMA
+//     reduce-adds, a partial one's by fp32 vector reductions of its own elements: no other block writes them
+//     meanwhile), and once all its adds are complete the counter is incremented with release semantics. So every
+//     element of ws_dq receives the same sequence of fp32 additions, in the same order, on every run: the sum is
+//     bitwise reproducible (each contribution is itself a fixed sequence of wgmma products of the same inputs).
 //   * No deadlock. A block takes a ticket (an atomic counter in the workspace) when it starts and works on the tile
 //     of that ticket (scheduler.hpp, tile_of_linear: the launch order, key blocks ascending). Every block it waits
 //     for has a smaller kb of the same (n, hk), hence a smaller ticket, hence is running or done: it took its
-//     ticket while resident. A block never waits while holding an unreleased turn (it releases the previous query
-//     block's turn before it waits for the next), so by induction on the ticket every block finishes, whatever the
-//     number of blocks resident at once. (Hardware launch order is not relied on.)
+//     ticket while resident. A block never waits while holding an unreleased turn (it releases the turn it holds
+//     before it waits for the next), so by induction on the ticket every block finishes, whatever the number of
+//     blocks resident at once. (Hardware launch order is not relied on.)
 //   * Speed. Steps run query-block-major and descending (the heads of the group for the last query block first),
-//     so a block starts where its predecessors in every order also start and stays behind them; the release of a
-//     query block's turn (one step after its last adds: thread 0 waits for its reduce-adds to complete, then
-//     fences) and the wait for the next turn are both issued while the step's dQ and dK products run, never before
-//     the barrier that precedes them (where they stalled the block). One turn per query block, not per (query
-//     head, query block): per-step turns couple a block to its predecessor step by step, measured 11% slower on
-//     the GPT-OSS layers; nor per two query blocks at group 1 (the runtime unit arithmetic cost registers and speed
+//     so every block of a (n, hk) starts on the same steps and trails its predecessor in the order by one turn:
+//     the release of a turn (in the step after its last one, once thread 0's reduce-adds of it have completed:
+//     they are issued after that step's first barrier) and the wait for a turn are both issued while the step's dQ
+//     and dK products run, never before the barrier that precedes them (where they stalled the block).
+//     Turns of one query block for the group's `group` steps make block kb trail its predecessor by `group` steps:
+//     at GPT-OSS full (group 8, 128-row steps, 32 key blocks a head) the k-th of the blocks of a head that run at
+//     once idles about 8 k steps, and the deterministic backward ran at 0.65x of the default one on an H100 (0.76x
+//     on the H200); one turn per step: 0.83x (bench/RESULTS.md, 2026-12-05 sixteenth session). With a bias one
+//     turn per query block stays (dq_turn_per_step): there every thread also stores dS to the d_bias workspace, the
+//     release's fence (MEMBAR.GPU) waits for thread 0's stores of the step, and per-step turns measured 9% slower
+//     (GPT-OSS full + bias, 0.90x -> 0.84x). Per-step turns had measured slower at GPT-OSS too before the release
+//     stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01 third and 2026-12-03 twelfth
+//     sessions). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost registers and speed
 //     at every group; bench/RESULTS.md, 2026-12-01 third session).
 #pragma once
 
@@ -53,19 +61,40 @@ struct StepOrder {
       if (++iq == nq) iq = 0, ++ih;
     }
   }
-  // The step opens a query block (deterministic mode: the step that waits for the block's turn).
-  SINKATTN_HD static bool opens_query_block(int ih) { return ih == 0; }
-  // kDet: the query block (iq) of the steps before a step that opens query block iq (the one whose turn that step
-  // releases), and the query block of the last step.
-  SINKATTN_HD static int previous_query_block(int iq) { return kDet ? iq + 1 : iq - 1; }
-  SINKATTN_HD static int last_query_block(int nq) { return kDet ? 0 : nq - 1; }
 };
 
-// Semaphores of the deterministic dq: one counter per (sequence n, KV head hk, query block qb) after the ticket
-// counter (index 0). n_qb = query blocks per sequence (ceil(s_q / BM), s_q the extent or max_seqlen_q).
-SINKATTN_HD int64_t dq_sem_count(int64_t b, int64_t h_kv, int64_t n_qb) { return 1 + b * h_kv * n_qb; }
-SINKATTN_HD int64_t dq_sem_index(int n, int hk, int h_kv, int n_qb, int qb) {
-  return 1 + (static_cast<int64_t>(n) * h_kv + hk) * n_qb + qb;
+// The unit of a turn (StepOrder<true>'s steps): per step (kPerStep: the query head's semaphore) or per query block
+// (held over the group's steps of it: the KV head's semaphore). The dK dV kernel's variants take one turn per step
+// except with a bias (why: the header above); the kernel and the dispatch's report read this one rule.
+constexpr bool dq_turn_per_step(bool bias) { return !bias; }
+template <bool kPerStep>
+struct DqTurns {
+  // Step (ih, iq) opens a turn: it releases the turn opened before it and waits for its own before its adds.
+  SINKATTN_HD static bool opens(int ih) { return kPerStep || ih == 0; }
+  // The head index of the turn's semaphore (dq_sem_index): the query head, or the KV head hk.
+  SINKATTN_HD static int head(int hk, int group, int ih) { return kPerStep ? hk * group + ih : hk; }
+  // A step of the turn opened before the one that step (ih, iq) opens (the step before it).
+  SINKATTN_HD static void previous(int group, int& ih, int& iq) {
+    if (kPerStep && ih > 0) {
+      --ih;
+    } else {
+      ih = group - 1;
+      ++iq;
+    }
+  }
+  // A step of the turn of the block's last step (released after the loop).
+  SINKATTN_HD static void last(int group, int& ih, int& iq) {
+    ih = group - 1;
+    iq = 0;
+  }
+};
+
+// Semaphores of the deterministic dq: one counter per (sequence n, head slot, query block qb) after the ticket
+// counter (index 0); n_qb = query blocks per sequence (ceil(s_q / BM), s_q the extent or max_seqlen_q). A turn's
+// head slot is DqTurns::head: a query head (< h_q), or a KV head (< h_kv <= h_q), so h_q slots serve both units.
+SINKATTN_HD int64_t dq_sem_count(int64_t b, int64_t h_q, int64_t n_qb) { return 1 + b * h_q * n_qb; }
+SINKATTN_HD int64_t dq_sem_index(int n, int head, int h_q, int n_qb, int qb) {
+  return 1 + (static_cast<int64_t>(n) * h_q + head) * n_qb + qb;
 }
 
 // Turn of key block kb in the order of query block qb (rows [qb * BM, min(qb * BM + BM, len_q)) ): its position

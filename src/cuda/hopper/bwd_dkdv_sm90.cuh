@@ -1,7 +1,7 @@
 // CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) on warpgroup MMA (wgmma, sm_90a), for
 // head-dim tiles 64 and 128, fp16 / bf16, with a bias (kBias) or dropout (kDropout) or neither, with dQ fused:
 // fp32 reductions into p.ws_dq, in any order (kDet = false, deterministic = 0, as the sm_80 kernel in bwd_kernel.cuh)
-// or in a fixed order of the key blocks under per-query-block semaphores (kDet = true, deterministic = 1;
+// or in a fixed order of the key blocks under per-turn semaphores (kDet = true, deterministic = 1;
 // dq_order.hpp has the order, why the sums are bitwise reproducible and why the waits cannot deadlock). The
 // dispatch (dispatch.cpp) picks the kernel.
 // Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_kernel:
@@ -37,13 +37,13 @@
 // barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks and
 // SINKATTN_CUDA_DQ_ATOMICS=1 add with per-thread atomics.
 // kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
-// descending, the first step of a query block reads its counter early and, before its dQ adds, waits for its turn
-// while dQ and dK run (thread 0 alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one
-// lane per warp), and the step after its last one releases the turn (thread 0, once the reduce-adds have completed,
-// while that step's dQ and dK run; the thread issues no loads in this variant, kLoader). Releasing later (one more
-// step, or by warp 7 after the next barrier) measured slower: the successor waits for the release
-// (bench/RESULTS.md, 2026-12-03 twelfth session). One turn per query block, not per (query head, query block): measured
-// (bench/RESULTS.md, 2026-12-01 third session), per-step turns slowed the GPT-OSS layers (group 8) by 11%.
+// descending, a step that opens a turn (every step, or with a bias the first step of a query block: DqTurns,
+// dq_turn_per_step) reads its counter early and, before its dQ adds, waits for its turn while dQ and dK run (thread 0
+// alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one lane per warp), and the step
+// after the turn's last one releases it (thread 0, once the reduce-adds have completed, while that step's dQ and dK
+// run; the thread issues no loads in this variant, kLoader). Releasing later (one more step, or by warp 7 after the
+// next barrier) measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03 twelfth
+// session). Why these turns: dq_order.hpp.
 #pragma once
 
 #include <type_traits>
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth
   // session).
   using Order = StepOrder<kDet || kBias>;
+  using Turns = DqTurns<dq_turn_per_step(kBias)>;  // kDet
 
   // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
   // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
@@ -351,12 +352,12 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     issue_bias(0, hk * p.group + ih, (qb_lo + iq) * BM, bias_bar);
   };
   RowStatsPrefetch<BM> pf;
-  // kDet: thread 0 releases the query blocks' turns, and a release is a MEMBAR.GPU, which waits for every memory
-  // operation the thread has in flight. So threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D, and lane 0 of
-  // warp 1 issues the step's Q / dO TMA loads (not with a bias: thread 0 stages its tiles on the same barrier): with
-  // thread 0 issuing both, the release waited for the next step's tiles, 0.24 ms of the deterministic backward at the
-  // MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03 twelfth session).
-  constexpr int kLoader = kDet && !kBias ? 32 : 0;
+  // kDet: thread 0 releases the turns, and a release is a MEMBAR.GPU, which waits for every memory operation the
+  // thread has in flight. So threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D, and lane 0 of warp 1 issues
+  // the step's Q / dO TMA loads and stages the bias tiles: with thread 0 issuing them, the release waited for the
+  // next step's tiles, 0.24 ms of the deterministic backward at the MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md,
+  // 2026-12-03 twelfth session).
+  constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;  // BM 128: threads 128 .. 255
   auto issue = [&](int buf, int ih, int iq) {
     const int h = hk * p.group + ih;
@@ -379,16 +380,16 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
       load_tile_sw<BM, HD, Tr::kConsumers>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
       load_tile_sw<BM, HD, Tr::kConsumers>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
-      if (bias_here && tid == 0) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
+      if (bias_here && tid == kLoader) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
     }
-    if (bias_here && tid == 0) issue_bias(buf, h, i0, &bars[buf]);
+    if (bias_here && tid == kLoader) issue_bias(buf, h, i0, &bars[buf]);
     pf.load(p, sq, n, h, i0, pf_tid);
   };
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
     issue(0, ih, iq);
-    if (kBiasOneBuf && bias_smem && tid == 0) issue_bias_one(ih, iq);
+    if (kBiasOneBuf && bias_smem && tid == kLoader) issue_bias_one(ih, iq);
     pf.store(sL, sD, 0, pf_tid);
   }
   cp_async_commit();
@@ -406,12 +407,12 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const T* sK_wg = sK + wg * 64 * 64;
   const T* sV_wg = sV + wg * 64 * 64;
 
-  // kDet: the semaphore of query block qb (nullptr when qb >= n_qb, which only batch tensors that break the
-  // max_seqlen_q contract give: unvalidated under graph capture; no counter outside the workspace is touched then,
-  // and such a call's dq is unspecified anyway).
-  auto dq_sem = [&](int qb) -> unsigned* {
-    const int n_qb = (p.s_q + BM - 1) / BM;
-    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(n, hk, p.h_kv, n_qb, qb) : nullptr;
+  // kDet: the semaphore of the turn of step (ih, iq), query block qb_lo + iq (nullptr when the block is >= n_qb,
+  // which only batch tensors that break the max_seqlen_q contract give: unvalidated under graph capture; no counter
+  // outside the workspace is touched then, and such a call's dq is unspecified anyway).
+  auto dq_sem = [&](int ih_s, int iq_s) -> unsigned* {
+    const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq_s;
+    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(n, Turns::head(hk, p.group, ih_s), p.h_q, n_qb, qb) : nullptr;
   };
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
@@ -433,15 +434,15 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     const bool prefetch = it + 1 < iters;
     if (prefetch) issue(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
-    // kDet, the first step of a query block: its counter, read early (its latency hides behind S, dP and dV) by
-    // the threads that wait for the turn: thread 0 when it adds the tiles by TMA, else lane 0 of every warp (each
-    // adds its own elements).
+    // kDet, a step that opens a turn: its counter, read early (its latency hides behind S, dP and dV) by the threads
+    // that wait for the turn: thread 0 when it adds the tile by TMA, else lane 0 of every warp (each adds its own
+    // elements).
     const unsigned* sem = nullptr;
     unsigned seen = 0;
-    const bool waits = kDet && Order::opens_query_block(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
+    const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
       if (waits) {
-        sem = dq_sem(qb_lo + iq);
+        sem = dq_sem(ih, iq);
         if (sem != nullptr) seen = load_turn(sem);
       }
     }
@@ -602,7 +603,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     math_sync();
     // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
     if constexpr (kBiasOneBuf) {
-      if (bias_smem && prefetch && tid == 0) issue_bias_one(ih_next, iq_next);
+      if (bias_smem && prefetch && tid == kLoader) issue_bias_one(ih_next, iq_next);
     }
     // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
     // BM 64: warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product; BM 128: rows
@@ -625,12 +626,14 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
         Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
       wgmma_commit();
       if constexpr (kDet) {
-        // A step that opens a query block closes the previous one: its turn goes to the next key block. Its atomics
-        // preceded this step's first barrier and its reduce-adds (the last of them issued after that barrier) are
-        // waited for here, while dQ and dK run: before the barrier that precedes them, this wait and the release's
-        // fence (MEMBAR.GPU) stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session).
-        if (tid == 0 && it > 0 && Order::opens_query_block(ih)) {
-          unsigned* prev = dq_sem(qb_lo + Order::previous_query_block(iq));
+        // A step that opens a turn closes the previous one: it goes to the next key block. Its atomics preceded this
+        // step's first barrier and its reduce-adds (the last of them issued after that barrier) are waited for here,
+        // while dQ and dK run: before the barrier that precedes them, this wait and the release's fence (MEMBAR.GPU)
+        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session).
+        if (tid == 0 && it > 0 && Turns::opens(ih)) {
+          int ih_prev = ih, iq_prev = iq;
+          Turns::previous(p.group, ih_prev, iq_prev);
+          unsigned* prev = dq_sem(ih_prev, iq_prev);
           bulk_wait<0>();
           if (prev != nullptr) release_turn(prev);
         }
@@ -683,9 +686,11 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   }
   if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   if constexpr (kDet) {
-    if (iters > 0) {  // the last query block's turn, after every thread's atomics and the reduce-adds
+    if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       math_sync();
-      unsigned* last = dq_sem(qb_lo + Order::last_query_block(nq));
+      int ih_last, iq_last;
+      Turns::last(p.group, ih_last, iq_last);
+      unsigned* last = dq_sem(ih_last, iq_last);
       if (tid == 0 && last != nullptr) release_turn(last);
     }
   }
