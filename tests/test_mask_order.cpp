@@ -314,8 +314,8 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
       for (const Running& b : run) {
         const Event& e = b.ev[b.pos];
         const int64_t si = cuda::dq_sem_index(b.n, e.h, h_q, n_qb, e.qb);
-        ADD_FAILURE() << "block n " << b.n << " hk " << b.hk << " kb " << b.kb << " waits for h " << e.h << " qb " << e.qb
-                    << " turn "
+        ADD_FAILURE() << "block n " << b.n << " hk " << b.hk << " kb " << b.kb << " waits for h " << e.h << " qb "
+                      << e.qb << " turn "
                       << e.turn << ", counter " << sem[static_cast<size_t>(si)] << " (len_q " << c.seqs[b.n].len_q
                       << " len_kv " << c.seqs[b.n].len_kv << ")";
       }

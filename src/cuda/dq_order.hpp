@@ -30,10 +30,10 @@
 //     on the H200); one turn per step: 0.83x (bench/RESULTS.md, 2026-12-05 sixteenth session). With a bias one
 //     turn per query block stays (dq_turn_per_step): there every thread also stores dS to the d_bias workspace, the
 //     release's fence (MEMBAR.GPU) waits for thread 0's stores of the step, and per-step turns measured 9% slower
-//     (GPT-OSS full + bias, 0.90x -> 0.84x). Per-step turns had measured slower at GPT-OSS too before the release
-//     stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01 third and 2026-12-03 twelfth
-//     sessions). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost registers and speed
-//     at every group; bench/RESULTS.md, 2026-12-01 third session).
+//     (GPT-OSS full + bias on an H100, 0.90x -> 0.84x). Per-step turns had measured slower at GPT-OSS too before
+//     the release stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01 third and 2026-12-03
+//     twelfth sessions). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost registers
+//     and speed at every group; bench/RESULTS.md, 2026-12-01 third session).
 #pragma once
 
 #include <cstdint>
