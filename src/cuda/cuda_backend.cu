@@ -151,8 +151,9 @@ Workspace workspace_layout(const Call& c, const cuda::KernelChoice& kc) {
   }
   if (kc.dq == cuda::DqPath::kFusedOrdered) {
     w.has_dq_sem = true;
-    // One counter per query head and query block of the kernel's step (KernelChoice::dkdv_block_m, what the kernel
-    // indexes by).
+    // h_q head slots per query block of the kernel's step (KernelChoice::dkdv_block_m, what the kernel indexes by):
+    // a turn's slot is its query head, or its KV head for the bias variants' one-turn-per-query-block unit
+    // (dq_order.hpp, DqTurns).
     w.n_dq_sem = cuda::dq_sem_count(c.b, c.h_q, (c.s_q + kc.dkdv_block_m - 1) / kc.dkdv_block_m);
     w.dq_sem = off;
     off = align256(off + sizeof(unsigned) * w.n_dq_sem);
