@@ -22,8 +22,8 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
   const int i = pair / p.h_q, h = pair % p.h_q;
   const SeqInfo sq = seq_info(p, n);
   if (i >= sq.rows_q) return;
-  T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h;
-  float* lse_out = p.softmax_lse + n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s;
+  T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + i, h);
+  float* lse_out = p.softmax_lse + lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + i);
   if (i >= sq.len_q) {  // padding row of a dense batch
     for (int col = 2 * lane; col < p.d_v; col += 64) *reinterpret_cast<uint32_t*>(out + col) = 0u;
     if (lane == 0) *lse_out = sink_value(p, h);

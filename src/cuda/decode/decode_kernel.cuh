@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
       const T* src = q;
       if (ok) {
         const int i = R / group, h = hk * group + R % group;
-        src = q + n * p.q_st.b + (sq.q_start + i) * p.q_st.s + h * p.q_st.h + cc * 8;
+        src = row_ptr<const T>(p.q, p.q_st, n, sq.q_start + i, h) + cc * 8;
       }
       cp_async16(sQ + r * LD + cc * 8, src, ok);
     }
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
       const int64_t at = (static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i);
       *reinterpret_cast<float2*>(p.ws_o_part + at * p.d_v + col) = make_float2(v0, v1);
     } else {
-      T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + i) * p.out_st.s + h * p.out_st.h + col;
+      T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + i, h) + col;
       *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(v0, v1);
     }
   }
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
     if (split_kv)
       p.ws_lse_part[(static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i)] = sLse[r];
     else
-      p.softmax_lse[n * p.lse_b + h * p.lse_h + (sq.q_start + i) * p.lse_s] = sLse[r];
+      p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + i)] = sLse[r];
   }
 }
 

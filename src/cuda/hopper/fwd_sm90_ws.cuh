@@ -264,14 +264,13 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           if (lane == 0)
             tma_load_tile_sw<BM, HD>(sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, q_full);
         } else {
-          const T* qg =
-              static_cast<const T*>(p.q) + t.n * p.q_st.b + (sq.q_start + t.m0) * p.q_st.s + t.h * p.q_st.h;
+          const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
           load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
           cp_async_arrive_warp(q_full, lane);
         }
         ++qi;
-        const T* kg = static_cast<const T*>(p.k) + t.n * p.k_st.b + sq.kv_start * p.k_st.s + t.hk * p.k_st.h;
-        const T* vg = static_cast<const T*>(p.v) + t.n * p.v_st.b + sq.kv_start * p.v_st.s + t.hk * p.v_st.h;
+        const T* kg = row_ptr<const T>(p.k, p.k_st, t.n, sq.kv_start, t.hk);
+        const T* vg = row_ptr<const T>(p.v, p.v_st, t.n, sq.kv_start, t.hk);
         // K_j then V_j for every key block, into stage it % S once the consumers have released it.
         for (int i = 0; i < t.nblocks; ++i, ++it) {
           const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
@@ -331,7 +330,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       if (!t.real) continue;
       const SeqInfo& sq = t.sq;
       const int h = t.h, n = t.n, m0 = t.m0, nb_lo = t.nb_lo, nblocks = t.nblocks;
-      T* out = static_cast<T*>(p.out) + n * p.out_st.b + (sq.q_start + m0) * p.out_st.s + h * p.out_st.h;
+      T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + m0, h);
       const float sigma = sink_value(p, h);
       if (t.padding) {  // padding rows of a dense batch
         fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, ctid, 128 * NC);
