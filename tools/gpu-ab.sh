@@ -8,7 +8,7 @@
 #           `sinkattn_gpu_bench REPS [SHAPE]` against each library in turn, ROUNDS times (defaults 20, 2, all shapes),
 #           printing "== NAME round" before each table. Library-level switches (SINKATTN_CUDA_NO_SM90=1,
 #           SINKATTN_CUDA_NO_TMA=1) can be compared with VARIANT_ENV="NAME:VAR=1 ..." (a variant NAME that reuses the
-#           first library with that environment).
+#           first library with that environment; several variables as NAME:VAR=1,VAR2=2).
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
@@ -47,7 +47,8 @@ case "$cmd" in
         lib=$AB_DIR/$name
         [ -d "$lib" ] || lib=$AB_DIR/${names[0]}
         echo "== $name $round"
-        env ${envs[$name]:-} LD_LIBRARY_PATH="$lib" timeout 120 "$bench" "$reps" $shape | tail -n +3
+        e=${envs[$name]:-}
+        env ${e//,/ } LD_LIBRARY_PATH="$lib" timeout 120 "$bench" "$reps" $shape | tail -n +3
       done
     done
     ;;

@@ -25,21 +25,42 @@ constexpr int kPreThreads = 128;
 
 // 8 rows per warp, 4 lanes per row (kPreRows = 32 rows per block of 4 warps): every row of the block is in
 // flight at once (no serial loop over rows, whose load latencies would add up). A lane reads 16-byte pieces
-// (8 elements; d_v is a multiple of 8 on this backend) of out and d_out when both rows are 16-byte aligned, else
-// elements.
+// (8 elements; d_v is a multiple of 8 on this backend, at most 256) of out and d_out when both rows are 16-byte
+// aligned, else elements. kPieces: the most pieces a lane reads (2, 4 or 8: d_v up to 64, 128, 256; the launch picks
+// the smallest that covers d_v, so that the registers holding the pieces do not cut the blocks per SM for the
+// common head dims), all issued before the first is used.
 static_assert(kPreRows == (kPreThreads / 32) * 8, "8 rows per warp");
 
+// The two elements of a 32-bit word as floats (low half first).
 template <typename T>
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  const T* x = reinterpret_cast<const T*>(&a);
-  const T* y = reinterpret_cast<const T*>(&b);
+__device__ __forceinline__ float2 unpack2(uint32_t w);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return __half22float2(h);
+}
+
+// dot of two 16-byte pieces of 8 elements, taken by value: the pieces are loaded as one 128-bit load each (a
+// reinterpret of the row pointer read element by element let the compiler split the piece into 8 16-bit loads).
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4 a, const uint4 b) {
+  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
   float s = 0.f;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) s = fmaf(ElemTraits<T>::to_float(x[e]), ElemTraits<T>::to_float(y[e]), s);
+  for (int e = 0; e < 4; ++e) {
+    const float2 x = unpack2<T>(wa[e]), y = unpack2<T>(wb[e]);
+    s = fmaf(x.x, y.x, s);
+    s = fmaf(x.y, y.y, s);
+  }
   return s;
 }
 
-template <typename T>
+template <typename T, int kPieces>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
   __shared__ float warp_sums[kPreThreads / 32];
   const int h = blockIdx.y, n = blockIdx.z;
@@ -53,8 +74,18 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
     const T* o = row_ptr<const T>(p.out, p.out_st, n, sq.q_start + i, h);
     const T* go = row_ptr<const T>(p.d_out, p.dout_st, n, sq.q_start + i, h);
     if (((reinterpret_cast<uintptr_t>(o) | reinterpret_cast<uintptr_t>(go)) & 15) == 0) {
-      for (int c = sub * 8; c < p.d_v; c += 32)
-        dsum += dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(go + c));
+      uint4 a[kPieces], g[kPieces];
+#pragma unroll
+      for (int k = 0; k < kPieces; ++k) {
+        const int c = sub * 8 + k * 32;
+        if (c < p.d_v) {
+          a[k] = __ldg(reinterpret_cast<const uint4*>(o + c));
+          g[k] = __ldg(reinterpret_cast<const uint4*>(go + c));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kPieces; ++k)
+        if (sub * 8 + k * 32 < p.d_v) dsum += dot8<T>(a[k], g[k]);
     } else {
       for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
     }
@@ -96,7 +127,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
 // dq = softmax_scale * ws_dq (SPEC 3, dq_i = softmax_scale * sum_j dS_ij k_j), in the dtype; padding rows of a
 // dense batch (i >= len_q) get dq = 0. The block's kPreRows x d elements as pieces of 4 columns (d is a multiple
 // of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
-// segments): a float4 load of the accumulator, two 4-byte stores of the row; unrolled, so that several loads of a
+// segments): a float4 load of the accumulator, one 8-byte store of the row; unrolled, so that several loads of a
 // thread are in flight at once.
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
@@ -110,9 +141,10 @@ __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p)
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     if (i < sq.len_q)
       a = *reinterpret_cast<const float4*>(p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d + c);
-    uint32_t* dq = reinterpret_cast<uint32_t*>(row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h) + c);
-    dq[0] = ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale);
-    dq[1] = ElemTraits<T>::pack(a.z * p.softmax_scale, a.w * p.softmax_scale);
+    // 4 elements, 8 bytes: rows are 16-byte aligned (the backend's tensor checks) and c a multiple of 4
+    *reinterpret_cast<uint2*>(row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h) + c) =
+        make_uint2(ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale),
+                   ElemTraits<T>::pack(a.z * p.softmax_scale, a.w * p.softmax_scale));
   }
 }
 
@@ -178,7 +210,13 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
   switch (which) {
     case kSmallPreprocess: {
       if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
-      bwd_preprocess_kernel<T><<<dim3(p.n_pre_blocks, p.h_q, p.b), kPreThreads, 0, stream>>>(p);
+      const dim3 grid(p.n_pre_blocks, p.h_q, p.b);
+      if (p.d_v <= 64)
+        bwd_preprocess_kernel<T, 2><<<grid, kPreThreads, 0, stream>>>(p);
+      else if (p.d_v <= 128)
+        bwd_preprocess_kernel<T, 4><<<grid, kPreThreads, 0, stream>>>(p);
+      else
+        bwd_preprocess_kernel<T, 8><<<grid, kPreThreads, 0, stream>>>(p);
       break;
     }
     case kSmallDSinks:
