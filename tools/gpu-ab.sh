@@ -9,11 +9,23 @@
 #           printing "== NAME round" before each table. Library-level switches (SINKATTN_CUDA_NO_SM90=1,
 #           SINKATTN_CUDA_NO_TMA=1) can be compared with VARIANT_ENV="NAME:VAR=1 ..." (a variant NAME that reuses the
 #           first library with that environment; several variables as NAME:VAR=1,VAR2=2).
+#   device: tools/gpu-ab.sh unpack   unpacks every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0 (what `run` does first;
+#           tools/prof/kernel_times.sh uses it).
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
 AB_DIR=$(realpath -m "${AB_DIR:-build-ab}")
 cmd=${1:-}
+# Every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0.
+unpack() {
+  local f name
+  for f in "$AB_DIR"/*.so.xz; do
+    name=$(basename "$f" .so.xz)
+    mkdir -p "$AB_DIR/$name"
+    python3 -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
+      "$f" "$AB_DIR/$name/libsinkattn.so.0"
+  done
+}
 case "$cmd" in
   pack)
     name=${2:?name}
@@ -23,18 +35,18 @@ case "$cmd" in
     cp "$build/tests/gpu/sinkattn_gpu_bench" "$AB_DIR/sinkattn_gpu_bench"
     ls -la "$AB_DIR"
     ;;
+  unpack)
+    unpack
+    ;;
   run)
     reps=${2:-20}
     rounds=${3:-2}
     shape=${4:-}
     bench=${BENCH:-$AB_DIR/sinkattn_gpu_bench}
+    unpack
     names=()
     for f in "$AB_DIR"/*.so.xz; do
-      name=$(basename "$f" .so.xz)
-      mkdir -p "$AB_DIR/$name"
-      python3 -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
-        "$f" "$AB_DIR/$name/libsinkattn.so.0"
-      names+=("$name")
+      names+=("$(basename "$f" .so.xz)")
     done
     [ ${#names[@]} -gt 0 ] || { echo "no $AB_DIR/*.so.xz: run 'tools/gpu-ab.sh pack NAME' first" >&2; exit 2; }
     declare -A envs=()
@@ -53,7 +65,7 @@ case "$cmd" in
     done
     ;;
   *)
-    sed -n '2,12p' "$0"
+    sed -n '2,13p' "$0"
     exit 2
     ;;
 esac

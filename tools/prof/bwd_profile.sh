@@ -41,17 +41,7 @@ for layer in ${LAYERS:-gptoss mha}; do
   # every kernel of one forward + backward call, with its duration (the backward's small kernels included)
   # shellcheck disable=SC2086
   env ${PROF_ENV:-} ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    $cmd $run_args 2>/dev/null |
-    python3 -c '
-import csv, sys
-rows = [r for r in csv.reader(sys.stdin) if len(r) > 10]
-if not rows:
-    sys.exit()
-h = rows[0]
-kn, mv, mu = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
-for r in rows[1:]:
-    print(f"{r[mv]:>12s} {r[mu]:8s} {r[kn][:110]}")
-' >"$rep.kernels.txt"
+    $cmd $run_args 2>/dev/null | python3 tools/prof/ncu_durations.py >"$rep.kernels.txt"
   echo "== kernels of one call ($layer$TAG):"
   cat "$rep.kernels.txt"
   [ "${KERNELS_ONLY:-0}" = 1 ] && continue
