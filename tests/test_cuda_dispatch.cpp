@@ -61,7 +61,33 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
   EXPECT_TRUE(k.dq_tma);
   EXPECT_EQ(k.summary(Pass::kBackward),
             "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (TMA reduce-add of fp32 tiles; atomics for partial "
-            "query blocks)");
+            "query blocks), programmatic dependent launch");
+  EXPECT_TRUE(k.pdl);
+}
+
+// Programmatic dependent launch of the Hopper dK dV kernel and the dq convert (KernelChoice::pdl): with the Hopper dK
+// dV kernel only (the sm_80 kernels do not wait in pdl_wait), and off under SINKATTN_CUDA_NO_PDL.
+TEST(CudaDispatch, ProgrammaticDependentLaunchAndItsSwitch) {
+  Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).pdl);
+  Switches off;
+  off.no_pdl = true;
+  const KernelChoice k = choose_kernels(c, kH200, off);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
+  EXPECT_FALSE(k.pdl);
+  EXPECT_FALSE(has(k.summary(Pass::kBackward), "programmatic"));
+  EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).pdl);  // sm_80 dK dV kernel
+  Switches sm80;
+  sm80.no_sm90 = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, sm80).pdl);
+  c.deterministic = true;
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).pdl);  // the fused ordered dq: the same kernel
+  Switches det80;
+  det80.det_sm80 = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, det80).pdl);
+  c.deterministic = false;
+  c.d = c.d_v = 256;  // head dim 256: the sm_80 backward
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).pdl);
 }
 
 // The Hopper dK dV kernel's query rows per step (tiles::dkdv_sm90_block_m): 128 at tile 64 without bias or dropout
@@ -100,7 +126,8 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   KernelChoice k = choose_kernels(c, kH200, sw);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   EXPECT_FALSE(k.dq_tma);
-  EXPECT_EQ(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (fp32 atomics)");
+  EXPECT_EQ(k.summary(Pass::kBackward),
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (fp32 atomics), programmatic dependent launch");
   sw = Switches{};
   sw.no_tma = true;  // no TMA at all: no reduce-adds either
   EXPECT_FALSE(choose_kernels(c, kH200, sw).dq_tma);
@@ -111,14 +138,15 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
   EXPECT_TRUE(kd.dq_tma);
   EXPECT_EQ(kd.summary(Pass::kBackward),
             "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
-            "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks)");
+            "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks), programmatic "
+            "dependent launch");
   sw = Switches{};
   sw.dq_atomics = true;
   const KernelChoice kda = choose_kernels(det, kH200, sw);
   EXPECT_FALSE(kda.dq_tma);
   EXPECT_EQ(kda.summary(Pass::kBackward),
             "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
-            "semaphores, deterministic)");
+            "semaphores, deterministic), programmatic dependent launch");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
   EXPECT_FALSE(choose_kernels(few, kH200, Switches{}).dq_tma);

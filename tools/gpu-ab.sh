@@ -8,7 +8,8 @@
 #           `sinkattn_gpu_bench REPS [SHAPE]` against each library in turn, ROUNDS times (defaults 20, 2, all shapes),
 #           printing "== NAME round" before each table. Library-level switches (SINKATTN_CUDA_NO_SM90=1,
 #           SINKATTN_CUDA_NO_TMA=1) can be compared with VARIANT_ENV="NAME:VAR=1 ..." (a variant NAME that reuses the
-#           first library with that environment; several variables as NAME:VAR=1,VAR2=2).
+#           first library with that environment; several variables as NAME:VAR=1,VAR2=2; NAME@LIB:VAR=1 runs library
+#           LIB with it).
 #   device: tools/gpu-ab.sh unpack   unpacks every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0 (what `run` does first;
 #           tools/prof/kernel_times.sh uses it).
 set -euo pipefail
@@ -49,14 +50,19 @@ case "$cmd" in
       names+=("$(basename "$f" .so.xz)")
     done
     [ ${#names[@]} -gt 0 ] || { echo "no $AB_DIR/*.so.xz: run 'tools/gpu-ab.sh pack NAME' first" >&2; exit 2; }
-    declare -A envs=()
+    declare -A envs=() libs=()
     for spec in ${VARIANT_ENV:-}; do
-      envs[${spec%%:*}]=${spec#*:}
-      names+=("${spec%%:*}")
+      name=${spec%%:*}
+      if [[ $name == *@* ]]; then
+        libs[${name%@*}]=${name#*@}
+        name=${name%@*}
+      fi
+      envs[$name]=${spec#*:}
+      names+=("$name")
     done
     for ((round = 1; round <= rounds; round++)); do
       for name in "${names[@]}"; do
-        lib=$AB_DIR/$name
+        lib=$AB_DIR/${libs[$name]:-$name}
         [ -d "$lib" ] || lib=$AB_DIR/${names[0]}
         echo "== $name $round"
         e=${envs[$name]:-}
@@ -65,7 +71,7 @@ case "$cmd" in
     done
     ;;
   *)
-    sed -n '2,13p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
     ;;
 esac

@@ -7,8 +7,11 @@
 //               (common/sink.hpp: 1 for a key-less row under a -inf sink); and the rows of the fused dq's fp32
 //               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
-//               written, never accumulated into.
-//   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused dq, either mode).
+//               written, never accumulated into. Done by the dq convert kernel when it runs (dsinks_in_convert),
+//               else by a kernel of its own.
+//   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused dq, either mode); launched with
+//               programmatic dependent launch after the Hopper dK dV kernel (KernelChoice::pdl): it waits in pdl_wait
+//               before its first read.
 //   d_bias:     d_bias[nb, hb, i, j] = sum over the broadcast dims of dS[n, h, i, j] (fixed order).
 #include "cuda/kernels.hpp"
 
@@ -63,6 +66,9 @@ __device__ __forceinline__ float dot8(const uint4 a, const uint4 b) {
 template <typename T, int kPieces>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
   __shared__ float warp_sums[kPreThreads / 32];
+  // The dK dV kernel after this one, when launched with programmatic dependent launch, may start its blocks once
+  // every block of this grid has started (they wait in pdl_wait for this grid to finish).
+  pdl_launch_dependents();
   const int h = blockIdx.y, n = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & 3;
   const SeqInfo sq = seq_info(p, n);
@@ -129,9 +135,25 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
 // of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
 // segments): a float4 load of the accumulator, one 8-byte store of the row; unrolled, so that several loads of a
 // thread are in flight at once.
+// d_sinks[h] = the sum of head h's preprocess partials ws_dsink[h][n][block] over (n, block), by one warp in a fixed
+// order (lane l: the partials l, l + 32, .. in order, in double; then the lanes' sums by a butterfly, lane 0's result
+// written): the same bits on every run.
+__device__ __forceinline__ void dsinks_reduce_warp(const Params& p, int h, int lane) {
+  const int64_t count = static_cast<int64_t>(p.b) * p.n_pre_blocks;
+  const float* part = p.ws_dsink + h * count;
+  double s = 0.0;
+  for (int64_t k = lane; k < count; k += 32) s += part[k];
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+  if (lane == 0) p.d_sinks[h] = static_cast<float>(s);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
   const int h = blockIdx.y, n = blockIdx.z;
+  pdl_wait();  // the dK dV kernel's adds to ws_dq (KernelChoice::pdl)
+  // d_sinks (dsinks_in_convert): the first row block of sequence 0, one per head, its first warp.
+  if (p.d_sinks != nullptr && blockIdx.x == 0 && n == 0 && threadIdx.x < 32) dsinks_reduce_warp(p, h, threadIdx.x);
   const SeqInfo sq = seq_info(p, n);
   const int pieces = p.d / 4, i0 = blockIdx.x * kPreRows;
   const int total = min(kPreRows, sq.rows_q - i0) * pieces;
@@ -148,15 +170,7 @@ __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p)
   }
 }
 
-__global__ void dsinks_finalize_kernel(const Params p) {
-  const int h = blockIdx.x;
-  if (threadIdx.x != 0) return;
-  const int64_t count = static_cast<int64_t>(p.b) * p.n_pre_blocks;
-  const float* part = p.ws_dsink + h * count;
-  double s = 0.0;
-  for (int64_t k = 0; k < count; ++k) s += part[k];
-  p.d_sinks[h] = static_cast<float>(s);
-}
+__global__ void dsinks_finalize_kernel(const Params p) { dsinks_reduce_warp(p, blockIdx.x, threadIdx.x); }
 
 // d_bias[nb][hb][i][j] = the sum, over the batches / heads the bias broadcasts over, of dS_{n,h}[i][j] (ws_dbias),
 // each term only where (i, j) is visible in sequence n (SPEC 2; 0 elsewhere). The main kernels write dS for every
@@ -205,8 +219,10 @@ __global__ void rng_state_kernel(const uint64_t* rng_in, int64_t in_stride, uint
 
 }  // namespace
 
+bool dsinks_in_convert(const Params& p) { return p.ws_dq != nullptr && p.b > 0 && p.h_q > 0 && p.n_pre_blocks > 0; }
+
 template <typename T>
-cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
+cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream, bool pdl) {
   switch (which) {
     case kSmallPreprocess: {
       if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
@@ -236,8 +252,8 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
     }
     case kSmallDqConvert: {
       if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
-      dq_convert_kernel<T><<<dim3(p.n_pre_blocks, p.h_q, p.b), kPreThreads, 0, stream>>>(p);
-      break;
+      return launch_kernel(dq_convert_kernel<T>, dim3(p.n_pre_blocks, p.h_q, p.b), dim3(kPreThreads), 0, stream, pdl,
+                           p);
     }
     default:
       return cudaErrorInvalidValue;
@@ -245,8 +261,8 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template cudaError_t launch_bwd_small<__half>(const Params&, int, cudaStream_t);
-template cudaError_t launch_bwd_small<__nv_bfloat16>(const Params&, int, cudaStream_t);
+template cudaError_t launch_bwd_small<__half>(const Params&, int, cudaStream_t, bool);
+template cudaError_t launch_bwd_small<__nv_bfloat16>(const Params&, int, cudaStream_t, bool);
 
 cudaError_t launch_rng_state(const uint64_t* rng_in, int64_t in_stride, uint64_t seed, uint64_t offset,
                              uint64_t* rng_state, int64_t out_stride, cudaStream_t stream) {

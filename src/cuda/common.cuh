@@ -93,6 +93,23 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90; no-ops before it, and in a grid launched without the attribute).
+// pdl_wait: the thread waits until the grids this one was launched after (with
+// cudaLaunchAttributeProgrammaticStreamSerialization, KernelChoice::pdl) have completed and their memory operations are
+// visible; a kernel so launched calls it in every thread before its first access to what they wrote (or may still
+// read). pdl_launch_dependents: this block lets the next grid, if it was launched so, start as soon as every block of
+// this one has called it or exited (its blocks then wait in pdl_wait while this grid's last ones run).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // 2^x (ex2.approx: ~2 ulp, exact 0 for -inf).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -48,6 +48,7 @@ Switches switches_from_env() {
     x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
     x.no_dbias_group_sum = env_on("SINKATTN_CUDA_NO_DBIAS_GROUP_SUM");
     x.no_bias_tma = env_on("SINKATTN_CUDA_NO_BIAS_TMA");
+    x.no_pdl = env_on("SINKATTN_CUDA_NO_PDL");
     if (const char* v = std::getenv("SINKATTN_CUDA_FWD_SECTION"); v != nullptr && v[0] != '\0')
       x.fwd_section = std::max(0, std::atoi(v));
     if (const char* v = std::getenv("SINKATTN_CUDA_DKDV_BM"); v != nullptr && v[0] != '\0') x.dkdv_block_m = std::atoi(v);
@@ -191,6 +192,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
+    k.pdl = !sw.no_pdl;
   } else {
     k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
@@ -263,6 +265,7 @@ std::string KernelChoice::summary(Pass pass) const {
       break;
     }
   }
+  if (pdl) s += ", programmatic dependent launch";
   if (!bwd_why.empty()) s += ": " + bwd_why;
   return s;
 }
@@ -280,7 +283,8 @@ std::string dispatch_rules() {
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
          "under per-(query head, query block) semaphores (per-query-block ones with a bias) on the Hopper kernel "
-         "(deterministic = 1, the same TMA reduce-adds), or "
+         "(deterministic = 1, the same TMA reduce-adds; the Hopper dK dV kernel and the dq convert after it launched "
+         "with programmatic dependent launch), or "
          "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias off Hopper); the sm_80 "
          "kernels run "
          "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "
@@ -294,7 +298,7 @@ std::string dispatch_rules() {
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
          "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
          "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1, "
-         "SINKATTN_CUDA_FWD_SECTION=N, SINKATTN_CUDA_DKDV_BM=64";
+         "SINKATTN_CUDA_NO_PDL=1, SINKATTN_CUDA_FWD_SECTION=N, SINKATTN_CUDA_DKDV_BM=64";
 }
 
 }  // namespace sinkattn::cuda

@@ -36,6 +36,8 @@ struct DeviceProps {
 //   SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1 the Hopper dK dV kernel writes every query head's dS to the d_bias workspace
 //   SINKATTN_CUDA_NO_BIAS_TMA=1 the Hopper kernels' bias variants load each thread's bias fragment from global memory
 //                             instead of staging the bias tiles in shared memory by TMA
+//   SINKATTN_CUDA_NO_PDL=1    the backward's kernels launched one after the other without programmatic dependent
+//                             launch (KernelChoice::pdl)
 //   SINKATTN_CUDA_FWD_SECTION=N the warp-specialised forward's tiles in L2 sections of N (head, sequence) pairs
 //                             (scheduler.hpp); 0: no sections (the plain longest-first order); unset: the pairs whose
 //                             K / V fit 5/8 of the device's L2 (fwd_section_pairs)
@@ -50,6 +52,7 @@ struct Switches {
   bool dq_atomics = false;
   bool no_dbias_group_sum = false;
   bool no_bias_tma = false;
+  bool no_pdl = false;
   int fwd_section = -1;  // -1: the L2 rule
   int dkdv_block_m = 0;  // Hopper dK dV query rows per step: 0 the rule (tiles::dkdv_sm90_block_m), 64 always 64
 };
@@ -100,6 +103,10 @@ struct KernelChoice {
   bool dkdv_tma = false;
   DqPath dq = DqPath::kDqKernel;
   bool dq_tma = false;  // kFusedAtomic / kFusedOrdered on kSm90: full query blocks add their dq tile by TMA reduce-add
+  // DkvKernel::kSm90: it and the dq convert after it are launched with programmatic dependent launch (each may start
+  // while the kernel before it finishes: launch latency and the block start-up overlap that kernel's last wave; each
+  // waits in pdl_wait, common.cuh, before it touches that kernel's outputs). SINKATTN_CUDA_NO_PDL=1 turns it off.
+  bool pdl = false;
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "cuda/dispatch.hpp"
 #include "cuda/params.cuh"
@@ -27,9 +28,34 @@ cudaError_t launch_bwd_dq(const Params& p, const KernelChoice& kc, cudaStream_t 
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_t stream);
 
+// A kernel launch; pdl: with programmatic dependent launch (KernelChoice::pdl: the kernel may start before the one
+// launched before it on the stream has finished, so it must call pdl_wait (common.cuh) in every thread before it
+// touches what that one writes or reads).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                          Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The small kernels of the backward (bwd_small.cu). pdl: kSmallDqConvert only (it waits for the main kernels in
+// pdl_wait).
 enum SmallKernel { kSmallPreprocess = 0, kSmallDSinks = 1, kSmallDBias = 2, kSmallDqConvert = 3 };
 template <typename T>
-cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream);
+cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream, bool pdl = false);
+// Whether the dq convert kernel also reduces d_sinks (the blocks of its first row block and sequence 0, one per
+// query head), so that the separate d_sinks kernel is not launched: whenever the convert runs (a fused dq's
+// accumulator with rows to convert). The d_sinks kernel runs otherwise.
+bool dsinks_in_convert(const Params& p);
 
 cudaError_t launch_rng_state(const uint64_t* rng_in, int64_t in_stride, uint64_t seed, uint64_t offset,
                              uint64_t* rng_state, int64_t out_stride, cudaStream_t stream);

@@ -280,8 +280,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
            make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, BM);
   tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, BM);
   tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, BM);
-  kernel<<<grid, threads, smem, stream>>>(p, tma);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, tma);
 }
 
 template <typename T, int HD>

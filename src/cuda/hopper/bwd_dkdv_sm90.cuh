@@ -260,6 +260,11 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int g = lane >> 2, t = lane & 3;
+  // Programmatic dependent launch (KernelChoice::pdl): the dq convert after this kernel may start once every block
+  // of it has started; and this kernel may have started before the preprocess ended: the math threads wait for it
+  // in pdl_wait below, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes). The ticket
+  // counter and the turns' semaphores were zeroed before the preprocess was launched (cuda_backend.cu).
+  pdl_launch_dependents();
   TileCoord tc;
   if constexpr (kDet) {  // the tile of this block's ticket: every block it will wait for holds a smaller one
     if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
@@ -337,6 +342,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
   load_tile_sw<BN, HD, Tr::kConsumers>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
   load_tile_sw<BN, HD, Tr::kConsumers>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  pdl_wait();  // the preprocess's ws_lse2 / ws_dp / zeroed ws_dq (K and V loads are already under way)
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
 
   // The bias tile of query head h, queries i0 .., keys j0 .. (zeros outside the tensor) into buffer buf, completing
