@@ -5,11 +5,13 @@
 // section 4: anything they do not support is rejected with the reason, never silently dropped), lays out the
 // workspace from the kernel choice (same code path for the size query and the run), and launches:
 //   forward:  the decode kernels [+ split combine] (decode/decode.hpp) or the forward kernel [+ rng_state]
-//   backward: preprocess (D, LSE2, d_sinks partials) -> d_sinks finalize ->
-//             dq kernel:           dq kernel -> dK dV kernel
-//             fused dq (atomics):  zero fp32 dq accumulator -> dK dV kernel with fused dQ -> dq convert
-//             fused dq (ordered):  zero accumulator and semaphores -> Hopper dK dV kernel, fixed order -> dq convert
+//   backward: [zero the ordered dq's semaphores ->] preprocess (D, LSE2, d_sinks partials; zeroes the fp32 dq
+//             accumulator of a fused dq) ->
+//             dq kernel:           d_sinks finalize -> dq kernel -> dK dV kernel
+//             fused dq (atomics):  dK dV kernel with fused dQ -> dq convert (+ d_sinks finalize)
+//             fused dq (ordered):  Hopper dK dV kernel, fixed order -> dq convert (+ d_sinks finalize)
 //             [-> d_bias reduce over broadcast dims]
+//             The Hopper dK dV kernel and the convert after it with programmatic dependent launch (KernelChoice::pdl).
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -7,7 +7,7 @@
 #   bwd_<layer>_sass.txt  the SASS lines with the most warp-stall samples (top 60, with their stall reasons)
 # Layers "gptoss-det" / "mha-det": the same with the deterministic backward (deterministic = 1).
 # Layers "gptoss-bias" / "mha-bias" ("gptoss-dropout" / "mha-dropout") are the bias (dropout) rows of tests/gpu/gpu_bench.cpp (one rep: its warm-up and timed calls
-# of the forward and of both backward modes are all listed), run from BENCH (default
+# of the forward and of both backward modes are all listed), as is "bench:SHAPE" (any row of it), run from BENCH (default
 # $BUILD_DIR/tests/gpu/sinkattn_gpu_bench).
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
 #      KERNEL (the kernel the details and SASS pages profile, an ncu -k filter; default regex:bwd_dkdv_sm90; e.g.
@@ -33,11 +33,12 @@ for layer in ${LAYERS:-gptoss mha}; do
     mha-bias) cmd="$BENCH 1 mha-d128+bias" ;;
     gptoss-dropout) cmd="$BENCH 1 gpt-oss-full+dropout" ;;
     mha-dropout) cmd="$BENCH 1 mha-d128+dropout" ;;
+    bench:*) cmd="$BENCH 1 ${layer#bench:}" ;;  # any tests/gpu/gpu_bench.cpp row, e.g. bench:mha-d128
     *) echo "unknown layer $layer"; continue ;;
   esac
   run_args=""
-  [[ $layer == *-bias || $layer == *-dropout ]] || run_args="--batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda"
-  rep=$OUT/bwd_${layer}${TAG}
+  [[ $layer == *-bias || $layer == *-dropout || $layer == bench:* ]] || run_args="--batch 2 --seqlen 4096 --iters 1 --warmup 0 --backend cuda"
+  rep=$OUT/bwd_${layer#bench:}${TAG}
   # every kernel of one forward + backward call, with its duration (the backward's small kernels included)
   # shellcheck disable=SC2086
   env ${PROF_ENV:-} ncu --clock-control none --metrics gpu__time_duration.sum --csv \
