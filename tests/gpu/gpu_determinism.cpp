@@ -7,6 +7,9 @@
 //     be bitwise identical across the runs;
 //   - with deterministic = 0 once: the same gradients up to the order of the fp32 sums (max |det - nondet| within
 //     1% of max |nondet| per tensor, no NaN), so the ordered kernel computes what the atomic one does;
+//   - captured into a CUDA graph in each mode and replayed twice on poisoned outputs and workspace: the direct
+//     call's bits (deterministic = 1) or values within the same 1% (deterministic = 0) (the backward's kernels
+//     launched with programmatic dependent launch are programmatic edges there);
 // and the kernel choice of each pass is printed (sinkattn_query_backend). The GPU suite (gpu_suite.cpp) judges the
 // values against the CPU backend and the float64 reference on small shapes, deterministic ones included; this
 // program is about the order and the waits that only long chains of key blocks exercise. Exit status 1 on a failure.
@@ -309,6 +312,50 @@ int run_case(const Case& c, int reps, bool time_it) {
         ++fails;
       }
   }
+  // The backward captured into a CUDA graph (global capture mode: a synchronisation or allocation inside the call
+  // would invalidate it; the kernels launched with programmatic dependent launch become programmatic edges) and
+  // replayed twice on poisoned outputs and workspace: deterministic = 1 gives the direct calls' bits, 0 their values
+  // within the same bound as below.
+  for (const bool det : {true, false}) {
+    cudaStream_t stream;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    p.deterministic = det ? 1 : 0;
+    p.stream = stream;
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const sinkattn_status_t st = sinkattn_backward(&p);
+    const std::string msg = sinkattn_last_error();
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    p.stream = nullptr;
+    if (st != SINKATTN_OK || ce != cudaSuccess) {
+      std::printf("FAIL %s: backward (deterministic = %d) under graph capture: status %d %s, capture %s\n", c.name,
+                  det ? 1 : 0, static_cast<int>(st), msg.c_str(), cudaGetErrorString(ce));
+      ++fails;
+    } else {
+      cudaGraphExec_t exec;
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 2; ++rep) {
+        ws.poison();
+        for (int g = 0; g < ngrad; ++g) grads[g]->poison();
+        CK(cudaDeviceSynchronize());  // the poisoning (legacy stream) before the replay on the non-blocking stream
+        CK(cudaGraphLaunch(exec, stream));
+        CK(cudaStreamSynchronize(stream));
+        for (int g = 0; g < ngrad; ++g) {
+          const std::vector<unsigned char> now = grads[g]->host();
+          const double r = det ? 0.0 : rel_diff(first[g], now, is_f32[g], bf16);
+          if (det ? now != first[g] : (std::isnan(r) || r > 1e-2)) {
+            std::printf("FAIL %s: %s of graph replay %d (deterministic = %d) differs from the direct call%s\n",
+                        c.name, names[g], rep, det ? 1 : 0, det ? " bitwise" : "");
+            ++fails;
+          }
+        }
+      }
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+    }
+    CK(cudaStreamDestroy(stream));
+  }
+  std::printf("  graph capture and replay of the backward (deterministic = 1 and 0): %s\n", fails ? "FAILED" : "ok");
   p.deterministic = 0;
   std::printf("  backward, deterministic = 0: %s\n", cuda_line(p, true).c_str());
   float t_nd = 0;
@@ -342,6 +389,7 @@ int run_case(const Case& c, int reps, bool time_it) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it comes (a log cut short by a timeout keeps them)
   int reps = 4;
   std::string only;
   bool time_it = false;
