@@ -130,11 +130,6 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
   }
 }
 
-// dq = softmax_scale * ws_dq (SPEC 3, dq_i = softmax_scale * sum_j dS_ij k_j), in the dtype; padding rows of a
-// dense batch (i >= len_q) get dq = 0. The block's kPreRows x d elements as pieces of 4 columns (d is a multiple
-// of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
-// segments): a float4 load of the accumulator, one 8-byte store of the row; unrolled, so that several loads of a
-// thread are in flight at once.
 // d_sinks[h] = the sum of head h's preprocess partials ws_dsink[h][n][block] over (n, block), by one warp in a fixed
 // order (lane l: the partials l, l + 32, .. in order, in double; then the lanes' sums by a butterfly, lane 0's result
 // written): the same bits on every run.
@@ -148,6 +143,12 @@ __device__ __forceinline__ void dsinks_reduce_warp(const Params& p, int h, int l
   if (lane == 0) p.d_sinks[h] = static_cast<float>(s);
 }
 
+// dq = softmax_scale * ws_dq (SPEC 3, dq_i = softmax_scale * sum_j dS_ij k_j), in the dtype; padding rows of a
+// dense batch (i >= len_q) get dq = 0. The block's kPreRows x d elements as pieces of 4 columns (d is a multiple
+// of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
+// segments): a float4 load of the accumulator, one 8-byte store of the row; unrolled, so that several loads of a
+// thread are in flight at once. Also d_sinks (dsinks_reduce_warp) where the launch sequence leaves it to this kernel
+// (dsinks_in_convert).
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
   const int h = blockIdx.y, n = blockIdx.z;
