@@ -86,6 +86,14 @@ TEST(CudaDispatch, ProgrammaticDependentLaunchAndItsSwitch) {
   det80.det_sm80 = true;
   EXPECT_FALSE(choose_kernels(c, kH200, det80).pdl);
   c.deterministic = false;
+  Call none = c;  // no query rows: no preprocess before the dK dV kernel, so no programmatic launch after it
+  none.s_q = 0;
+  EXPECT_EQ(choose_kernels(none, kH200, Switches{}).dkdv, DkvKernel::kSm90);
+  EXPECT_FALSE(choose_kernels(none, kH200, Switches{}).pdl);
+  Call packed = c;  // varlen: a dK dV grid whose blocks all lie past their sequences' keys would not wait (dispatch.hpp)
+  packed.plan.varlen = true;
+  EXPECT_EQ(choose_kernels(packed, kH200, Switches{}).dkdv, DkvKernel::kSm90);
+  EXPECT_FALSE(choose_kernels(packed, kH200, Switches{}).pdl);
   c.d = c.d_v = 256;  // head dim 256: the sm_80 backward
   EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).pdl);
 }

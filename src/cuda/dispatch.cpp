@@ -192,7 +192,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
-    k.pdl = !sw.no_pdl;
+    k.pdl = !sw.no_pdl && !c.plan.varlen && c.b > 0 && c.h_q > 0 && c.s_q > 0;  // (KernelChoice::pdl says why)
   } else {
     k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
@@ -283,8 +283,7 @@ std::string dispatch_rules() {
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
          "under per-(query head, query block) semaphores (per-query-block ones with a bias) on the Hopper kernel "
-         "(deterministic = 1, the same TMA reduce-adds; the Hopper dK dV kernel and the dq convert after it launched "
-         "with programmatic dependent launch), or "
+         "(deterministic = 1, the same TMA reduce-adds), or "
          "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias off Hopper); the sm_80 "
          "kernels run "
          "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "
@@ -293,6 +292,8 @@ std::string dispatch_rules() {
          "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "
          "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "
          "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
+         "The Hopper dK dV kernel and the dq convert after it are launched with programmatic dependent launch "
+         "(dense calls with query rows). "
          "Tile order: longest first; the warp-specialised forward's in L2 sections of the heads whose K / V fit 5/8 "
          "of the L2. "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
