@@ -7,7 +7,7 @@
 //               (common/sink.hpp: 1 for a key-less row under a -inf sink); and the rows of the fused dq's fp32
 //               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
-//               written, never accumulated into. Done by the dq convert kernel when it runs (dsinks_in_convert),
+//               written, never accumulated into. Done by the dq convert kernel when it runs (dq_convert_runs),
 //               else by a kernel of its own.
 //   dq convert: dq = softmax_scale * ws_dq (the fp32 accumulator of the fused dq, either mode); launched with
 //               programmatic dependent launch after the Hopper dK dV kernel (KernelChoice::pdl): it waits in pdl_wait
@@ -147,13 +147,12 @@ __device__ __forceinline__ void dsinks_reduce_warp(const Params& p, int h, int l
 // dense batch (i >= len_q) get dq = 0. The block's kPreRows x d elements as pieces of 4 columns (d is a multiple
 // of 8), consecutive threads on consecutive pieces of a row (each warp instruction covers contiguous row
 // segments): a float4 load of the accumulator, one 8-byte store of the row; unrolled, so that several loads of a
-// thread are in flight at once. Also d_sinks (dsinks_reduce_warp) where the launch sequence leaves it to this kernel
-// (dsinks_in_convert).
+// thread are in flight at once. Also d_sinks (dsinks_reduce_warp): wherever this kernel runs (dq_convert_runs).
 template <typename T>
 __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p) {
   const int h = blockIdx.y, n = blockIdx.z;
   pdl_wait();  // the dK dV kernel's adds to ws_dq (KernelChoice::pdl)
-  // d_sinks (dsinks_in_convert): the first row block of sequence 0, one per head, its first warp.
+  // d_sinks (dq_convert_runs): the first row block of sequence 0, one per head, its first warp.
   if (p.d_sinks != nullptr && blockIdx.x == 0 && n == 0 && threadIdx.x < 32) dsinks_reduce_warp(p, h, threadIdx.x);
   const SeqInfo sq = seq_info(p, n);
   const int pieces = p.d / 4, i0 = blockIdx.x * kPreRows;
@@ -220,7 +219,7 @@ __global__ void rng_state_kernel(const uint64_t* rng_in, int64_t in_stride, uint
 
 }  // namespace
 
-bool dsinks_in_convert(const Params& p) { return p.ws_dq != nullptr && p.b > 0 && p.h_q > 0 && p.n_pre_blocks > 0; }
+bool dq_convert_runs(const Params& p) { return p.ws_dq != nullptr && p.b > 0 && p.h_q > 0 && p.n_pre_blocks > 0; }
 
 template <typename T>
 cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream, bool pdl) {
@@ -252,7 +251,7 @@ cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream, bo
       break;
     }
     case kSmallDqConvert: {
-      if (p.b == 0 || p.h_q == 0 || p.n_pre_blocks == 0) return cudaSuccess;
+      if (!dq_convert_runs(p)) return cudaSuccess;
       return launch_kernel(dq_convert_kernel<T>, dim3(p.n_pre_blocks, p.h_q, p.b), dim3(kPreThreads), 0, stream, pdl,
                            p);
     }

@@ -326,13 +326,13 @@ Status run_typed(const Call& c, const cuda::KernelChoice& kc, const Workspace& w
   if (k.ws_dq_sem != nullptr)
     SINKATTN_CUDA_CHECK("dq semaphore memset", cudaMemsetAsync(k.ws_dq_sem, 0, sizeof(unsigned) * w.n_dq_sem, st));
   SINKATTN_CUDA_CHECK("backward preprocess kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallPreprocess, st));
-  if (k.d_sinks != nullptr && !cuda::dsinks_in_convert(k))
+  if (k.d_sinks != nullptr && !cuda::dq_convert_runs(k))
     SINKATTN_CUDA_CHECK("d_sinks kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDSinks, st));
   // The dq accumulator (ws_dq) is zeroed by the preprocess kernel (every row a sequence owns: the only rows the main
   // kernels add to and the dq convert reads).
   SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(kc, k, true, st));
-  // The convert also writes d_sinks (dsinks_in_convert); with kc.pdl it starts during the dK dV kernel's last wave.
-  if (k.ws_dq != nullptr)
+  // The convert also writes d_sinks; with kc.pdl it starts during the dK dV kernel's last wave.
+  if (cuda::dq_convert_runs(k))
     SINKATTN_CUDA_CHECK("dq convert kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDqConvert, st, kc.pdl));
   if (k.d_bias != nullptr)
     SINKATTN_CUDA_CHECK("d_bias kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDBias, st));

@@ -52,10 +52,10 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 enum SmallKernel { kSmallPreprocess = 0, kSmallDSinks = 1, kSmallDBias = 2, kSmallDqConvert = 3 };
 template <typename T>
 cudaError_t launch_bwd_small(const Params& p, int which, cudaStream_t stream, bool pdl = false);
-// Whether the dq convert kernel also reduces d_sinks (the blocks of its first row block and sequence 0, one per
-// query head), so that the separate d_sinks kernel is not launched: whenever the convert runs (a fused dq's
-// accumulator with rows to convert). The d_sinks kernel runs otherwise.
-bool dsinks_in_convert(const Params& p);
+// Whether the dq convert kernel runs (a fused dq's accumulator, b, h_q and s_q above 0; kSmallDqConvert launches
+// nothing otherwise). Where it runs it also reduces d_sinks (the blocks of its first row block and sequence 0, one
+// per query head) and the separate d_sinks kernel is not launched; that kernel runs otherwise.
+bool dq_convert_runs(const Params& p);
 
 cudaError_t launch_rng_state(const uint64_t* rng_in, int64_t in_stride, uint64_t seed, uint64_t offset,
                              uint64_t* rng_state, int64_t out_stride, cudaStream_t stream);
