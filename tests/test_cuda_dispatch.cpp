@@ -90,12 +90,56 @@ TEST(CudaDispatch, ProgrammaticDependentLaunchAndItsSwitch) {
   none.s_q = 0;
   EXPECT_EQ(choose_kernels(none, kH200, Switches{}).dkdv, DkvKernel::kSm90);
   EXPECT_FALSE(choose_kernels(none, kH200, Switches{}).pdl);
-  Call packed = c;  // varlen: a dK dV grid whose blocks all lie past their sequences' keys would not wait (dispatch.hpp)
+  Call packed = c;  // varlen: every dK dV block waits, also those past their sequences' keys (dispatch.hpp)
   packed.plan.varlen = true;
   EXPECT_EQ(choose_kernels(packed, kH200, Switches{}).dkdv, DkvKernel::kSm90);
-  EXPECT_FALSE(choose_kernels(packed, kH200, Switches{}).pdl);
-  c.d = c.d_v = 256;  // head dim 256: the sm_80 backward
+  EXPECT_TRUE(choose_kernels(packed, kH200, Switches{}).pdl);
+  c.d = c.d_v = 256;  // head dim 256: the Hopper dK dV kernel that splits the head dim (it waits too)
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).pdl);
+  c.d = c.d_v = 192;  // tile 192: the sm_80 backward, which does not wait
   EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).pdl);
+}
+
+// Tile 256's backward: the Hopper dK dV kernel that splits the head dim between its warpgroups (64 keys x 64 query
+// rows per step, dq by TMA reduce-adds of full query blocks), deterministic or not; with a bias or dropout, and off
+// Hopper, the sm_80 kernels, saying why.
+TEST(CudaDispatch, WideTileBackwardOnHopper) {
+  for (int64_t d : {200, 256}) {
+    Call c = make_call(SINKATTN_BF16, d, 4096, 16, 16, -1, 0, true);
+    KernelChoice k = choose_kernels(c, kH200, Switches{});
+    EXPECT_EQ(k.tile, 256) << d;
+    EXPECT_EQ(k.dkdv, DkvKernel::kSm90) << d;
+    EXPECT_EQ(k.dq, DqPath::kFusedAtomic) << d;
+    EXPECT_EQ(k.dkdv_block_n, 64) << d;
+    EXPECT_EQ(k.dkdv_block_m, 64) << d;
+    EXPECT_TRUE(k.dkdv_tma) << d;
+    EXPECT_TRUE(k.dq_tma) << d;
+    EXPECT_EQ(k.summary(Pass::kBackward),
+              "hopper dK dV (wgmma, head dim split between the warpgroups), tile 64 x 64, TMA, dq fused (TMA "
+              "reduce-add of fp32 tiles; atomics for partial query blocks), programmatic dependent launch");
+    c.deterministic = true;
+    k = choose_kernels(c, kH200, Switches{});
+    EXPECT_EQ(k.dkdv, DkvKernel::kSm90) << d;
+    EXPECT_EQ(k.dq, DqPath::kFusedOrdered) << d;
+    EXPECT_EQ(k.dkdv_block_m, 64) << d;  // the semaphores' query blocks (cuda_backend.cu sizes them by it)
+    Switches det80;
+    det80.det_sm80 = true;
+    EXPECT_EQ(choose_kernels(c, kH200, det80).dkdv, DkvKernel::kSm80) << d;
+    c.deterministic = false;
+    EXPECT_EQ(choose_kernels(c, kA100, Switches{}).dkdv, DkvKernel::kSm80) << d;
+    Switches no90;
+    no90.no_sm90 = true;
+    EXPECT_EQ(choose_kernels(c, kH200, no90).dkdv, DkvKernel::kSm80) << d;
+    for (int extra = 0; extra < 2; ++extra) {
+      Call x = c;
+      if (extra == 0) x.plan.bias = Use::kRequired;
+      else x.plan.dropout = true;
+      k = choose_kernels(x, kH200, Switches{});
+      EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra) << d;
+      EXPECT_TRUE(has(k.summary(Pass::kBackward), "has no bias / dropout variant")) << k.summary(Pass::kBackward);
+      EXPECT_FALSE(k.pdl) << d;
+    }
+  }
 }
 
 // The Hopper dK dV kernel's query rows per step (tiles::dkdv_sm90_block_m): 128 at tile 64 without bias or dropout
@@ -454,8 +498,9 @@ TEST(CudaDispatch, TilesWithoutHopperKernels) {
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).tile, 192);
 }
 
-// Tiles 192 and 256: the warp-specialised forward's plain variant (128 query rows x 64 keys per step); the backward,
-// and the forward of a call with a bias or dropout, on the sm_80 kernels, each saying why.
+// Tiles 192 and 256: the warp-specialised forward's plain variant (128 query rows x 64 keys per step); the backward
+// at tile 192 (tile 256's: WideTileBackwardOnHopper), and the forward of a call with a bias or dropout, on the sm_80
+// kernels, each saying why.
 TEST(CudaDispatch, WideTilesForwardOnHopper) {
   for (int64_t d : {160, 192, 200, 256}) {
     const Call c = make_call(SINKATTN_BF16, d, 4096, 16, 16, -1, 0, true);
@@ -468,8 +513,9 @@ TEST(CudaDispatch, WideTilesForwardOnHopper) {
     EXPECT_TRUE(k.fwd_tma) << d;
     EXPECT_TRUE(k.fwd_persistent) << d;
     EXPECT_TRUE(has(k.summary(Pass::kForward), "tile 128 x 64, TMA")) << k.summary(Pass::kForward);
-    EXPECT_EQ(k.dkdv, DkvKernel::kSm80) << d;
-    EXPECT_TRUE(has(k.summary(Pass::kBackward), "no Hopper kernel for head-dim tile")) << k.summary(Pass::kBackward);
+    EXPECT_EQ(k.dkdv, d <= 192 ? DkvKernel::kSm80 : DkvKernel::kSm90) << d;
+    if (d <= 192)
+      EXPECT_TRUE(has(k.summary(Pass::kBackward), "no Hopper kernel for head-dim tile")) << k.summary(Pass::kBackward);
     // DeepSeek-style d 192, d_v 128: the tile of the larger.
     Call mla = c;
     mla.d = 192;

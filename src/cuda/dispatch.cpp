@@ -103,6 +103,13 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // (kBias: the dK dV kernel also writes dS for d_bias, so no dq kernel is needed); not with dropout.
   if (no90.empty() && bias && dropout) no90 = "the Hopper kernels have no variant with both bias and dropout";
   k.bias = bias && no90.empty();
+  // The backward's Hopper dK dV kernel: where no90 allows it, and at tile 256 the head-dim-split kernel
+  // (hopper/bwd_dkdv_sm90_wide.cuh), which has no bias or dropout variant.
+  std::string no90_bwd = no90;
+  if (no_hopper.empty() && tiles::dkdv_sm90_wide(k.tile))
+    no90_bwd = extra ? "the Hopper dK dV kernel of head-dim tile " + std::to_string(k.tile) +
+                           " (head dim split between its warpgroups) has no bias / dropout variant"
+                     : "";
   std::string no90_fwd = no90;
   if (no_hopper.empty() && !tiles::has_sm90(k.tile) && tiles::has_sm90_fwd_ws(k.tile)) {
     if (extra)
@@ -178,10 +185,10 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   if (bias && !no90.empty())
     k.dq = DqPath::kDqKernel;  // off Hopper the dq kernel writes dS for d_bias
   else if (c.deterministic)
-    k.dq = no90.empty() && !sw.det_sm80 ? DqPath::kFusedOrdered : DqPath::kDqKernel;
+    k.dq = no90_bwd.empty() && !sw.det_sm80 ? DqPath::kFusedOrdered : DqPath::kDqKernel;
   else
     k.dq = DqPath::kFusedAtomic;
-  if (no90.empty() && k.dq != DqPath::kDqKernel) {
+  if (no90_bwd.empty() && k.dq != DqPath::kDqKernel) {
     k.dkdv = DkvKernel::kSm90;
     k.dbias_group_sum = !sw.no_dbias_group_sum && k.bias && !c.bias_per_head && c.group > 1 && k.tile == 64;
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
@@ -192,9 +199,9 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
-    k.pdl = !sw.no_pdl && !c.plan.varlen && c.b > 0 && c.h_q > 0 && c.s_q > 0;  // (KernelChoice::pdl says why)
+    k.pdl = !sw.no_pdl && c.b > 0 && c.h_q > 0 && c.s_q > 0;  // (KernelChoice::pdl says why)
   } else {
-    k.bwd_why = no90.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90;
+    k.bwd_why = no90_bwd.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90_bwd;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;
     k.dkdv_block_n = tiles::dkdv_block_n(k.tile);
     k.dkdv_block_m = tiles::dkdv_block_m(k.tile);
@@ -242,7 +249,8 @@ std::string KernelChoice::summary(Pass pass) const {
                 : dropout ? (tiles::dkdv_sm90_keep_producer(tile)
                                  ? "hopper dK dV (wgmma, dropout, keep-bit producer warpgroup)"
                                  : "hopper dK dV (wgmma, dropout, keep bits drawn by the math warpgroups)")
-                          : "hopper dK dV (wgmma)";
+                  : tiles::dkdv_sm90_wide(tile) ? "hopper dK dV (wgmma, head dim split between the warpgroups)"
+                                                : "hopper dK dV (wgmma)";
       break;
     case DkvKernel::kSm80: s += "sm80 dK dV (mma.sync)"; break;
     case DkvKernel::kSm80Extra: s += "sm80 dK dV (mma.sync, bias / dropout variant)"; break;
@@ -278,7 +286,8 @@ std::string dispatch_rules() {
          "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "
          "the consumers and the producer warpgroup, and the dK dV kernel, its keep bits drawn by a producer warpgroup "
          "at tile 64 and by the math warpgroups at 128; the dK dV kernel takes 128 query rows per step at tile 64 "
-         "without bias or dropout, 64 otherwise; forward: not for windows spanning fewer than " +
+         "without bias or dropout, 64 otherwise; at tile 256 a dK dV kernel that splits the head dim between its "
+         "warpgroups, 64 keys x 64 query rows per step, without bias or dropout; forward: not for windows spanning fewer than " +
          std::to_string(tiles::kSm90FwdMinWindowKeys) +
          " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
          "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
@@ -293,7 +302,7 @@ std::string dispatch_rules() {
          "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "
          "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
          "The Hopper dK dV kernel and the dq convert after it are launched with programmatic dependent launch "
-         "(dense calls with query rows). "
+         "(calls with query rows). "
          "Tile order: longest first; the warp-specialised forward's in L2 sections of the heads whose K / V fit 5/8 "
          "of the L2. "
          "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="

@@ -103,14 +103,13 @@ struct KernelChoice {
   bool dkdv_tma = false;
   DqPath dq = DqPath::kDqKernel;
   bool dq_tma = false;  // kFusedAtomic / kFusedOrdered on kSm90: full query blocks add their dq tile by TMA reduce-add
-  // DkvKernel::kSm90, dense, with query rows (b, h_q, s_q > 0: the preprocess runs right before it): it and the dq
-  // convert after it are launched with programmatic dependent launch (each may start while the kernel before it
-  // finishes: launch latency and the block start-up overlap that kernel's last wave; each waits in pdl_wait,
-  // common.cuh, before it touches that kernel's outputs; the dK dV kernel reads K / V before: inputs the
-  // preprocess's own launch waited for, hence the preprocess as its predecessor). Not varlen: the convert's
-  // pdl_wait waits for the dK dV grid alone, whose blocks past their sequence's keys exit without waiting for the
-  // preprocess; with every sequence's len_kv 0 (varlen: a block per 128 keys of max_seqlen_kv) all of them would,
-  // and the convert would read the preprocess's outputs before it finished. SINKATTN_CUDA_NO_PDL=1 turns it off.
+  // DkvKernel::kSm90 with query rows (b, h_q, s_q > 0: the preprocess runs right before it): it and the dq convert
+  // after it are launched with programmatic dependent launch (each may start while the kernel before it finishes:
+  // launch latency and the block start-up overlap that kernel's last wave; each waits in pdl_wait, common.cuh,
+  // before it touches that kernel's outputs; the dK dV kernel reads K / V before: inputs the preprocess's own launch
+  // waited for, hence the preprocess as its predecessor). The convert's pdl_wait waits for the dK dV grid alone, so
+  // every dK dV block waits, also one past its sequence's keys (varlen) that has nothing to do.
+  // SINKATTN_CUDA_NO_PDL=1 turns it off.
   bool pdl = false;
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)

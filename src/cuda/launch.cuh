@@ -9,6 +9,7 @@
 #include "cuda/bwd_kernel.cuh"
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/hopper/bwd_dkdv_sm90.cuh"
+#include "cuda/hopper/bwd_dkdv_sm90_wide.cuh"
 #include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/hopper/fwd_sm90_ws.cuh"
 #include "cuda/kernels.hpp"
@@ -283,6 +284,26 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, tma);
 }
 
+// The Hopper dK dV kernel of tile 256 (the head dim split between the warpgroups; plain: no bias, no dropout).
+template <typename T, int HD>
+cudaError_t launch_bwd_dkdv_sm90_wide(const Params& p, const KernelChoice& kc, dim3 grid, cudaStream_t stream) {
+  using TrW = sm90::DkvSm90WideTraits<HD>;
+  static_assert(TrW::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
+  if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
+    return cudaErrorInvalidValue;
+  if (kc.bias || kc.dropout || kc.dkdv_block_m != TrW::kBlockM) return cudaErrorInvalidValue;
+  const bool det = kc.dq == DqPath::kFusedOrdered;
+  auto kernel = det ? sm90::bwd_dkdv_sm90_wide_kernel<T, HD, true> : sm90::bwd_dkdv_sm90_wide_kernel<T, HD, false>;
+  cudaError_t e = prepare_smem(kernel, TrW::kSmem);
+  if (e != cudaSuccess) return e;
+  sm90::Sm90Tma tma{};
+  const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
+  tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, TrW::kBlockM) &&
+           make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, TrW::kBlockM);
+  tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, TrW::kBlockM);
+  return launch_kernel(kernel, grid, dim3(TrW::kThreads), TrW::kSmem, stream, kc.pdl, p, tma);
+}
+
 template <typename T, int HD>
 cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using Tr = DkvTraits<HD>;
@@ -296,6 +317,8 @@ cudaError_t launch_bwd_dkdv(const Params& p, const KernelChoice& kc, cudaStream_
         if constexpr (HD == 64) {  // 128 query rows per step (tiles::dkdv_sm90_block_m)
           if (kc.dkdv_block_m == 128) return launch_bwd_dkdv_sm90<T, HD, 128>(p, kc, grid, stream);
         }
+      } else if constexpr (tiles::dkdv_sm90_wide(HD)) {
+        return launch_bwd_dkdv_sm90_wide<T, HD>(p, kc, grid, stream);
       }
       return cudaErrorInvalidValue;
     case DkvKernel::kSm80Extra: {

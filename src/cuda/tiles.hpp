@@ -41,7 +41,11 @@ constexpr bool has_sm90(int hd) { return hd == 64 || hd == 128; }
 constexpr bool has_sm90_fwd_ws(int hd) { return has_sm90(hd) || hd == 192 || hd == 256; }
 constexpr int fwd_sm90_block_m(int) { return 128; }
 constexpr int fwd_sm90_block_n(int hd) { return hd == 64 ? 64 : 128; }
-constexpr int dkdv_sm90_block_n(int) { return 128; }
+// The dK dV kernel at tile 256 (hopper/bwd_dkdv_sm90_wide.cuh): the head dim split between the two warpgroups,
+// 64 keys a block, no bias / dropout variant. Tile 192 stays on the sm_80 backward (its 96-column halves would
+// start inside a 64-column swizzle panel and cross the next: not built).
+constexpr bool dkdv_sm90_wide(int hd) { return hd == 256; }
+constexpr int dkdv_sm90_block_n(int hd) { return dkdv_sm90_wide(hd) ? 64 : 128; }
 // Query rows per step: 128 at tile 64 without bias or dropout (S^T and dP^T as m64n128 products, half the steps and
 // barriers per FLOP; measured on the H200: bench/RESULTS.md, 2026-12-03 fifteenth session), 64 otherwise (tile 128:
 // the math takes 254 registers at 64 rows; the bias / dropout variants' staging and keep bits are laid out for 64).

@@ -1,6 +1,6 @@
 // Deterministic backward of the CUDA backend on large shapes (needs a GPU; tools/gpu-check.sh STEPS=determinism):
 // shapes where many key blocks add to every query block's dq (the GPT-OSS layers, MHA d 128, GQA with top-left
-// causal and s_q != s_kv, a two-sided window, varlen with seqused_kv), each run
+// causal and s_q != s_kv, a two-sided window, varlen with seqused_kv, head dim 256), each run
 //   - with deterministic = 1 `--reps` times (default 4), outputs NaN-poisoned and the workspace filled with 0xFF
 //     before every run: dq, dk, dv, d_sinks (and d_bias for the bias shapes: a 16-bit bias of the dtype of q,
 //     [1, 1, s_q, s_kv] or [b, h_q, s_q, s_kv], the Hopper kernels' staged bias tiles and the d_bias group sum) must
@@ -421,6 +421,9 @@ int main(int argc, char** argv) {
       {"varlen-window", SINKATTN_F16, 6, 3, 128, 200, 0, BR, LRN, 0, 0, 0, {1100, 64, 1290}, {1300, 64, 1290}, {}},
       {"gpt-oss-full-bias", SINKATTN_BF16, 64, 8, 64, -1, 0, BR, LRN, 1, 2048, 2048, {}, {}, {}, 1},
       {"mha-d128-bias-per-head", SINKATTN_F16, 8, 8, 128, 500, 0, BR, LRN, 2, 1500, 1500, {}, {}, {}, 2},
+      // Head dim 256: the Hopper dK dV kernel that splits the head dim (64 keys a block, dq by atomics in turns).
+      {"hd256-gqa-causal", SINKATTN_BF16, 16, 4, 256, -1, 0, BR, LRN, 1, 2048, 2048, {}, {}, {}},
+      {"hd256-varlen-window", SINKATTN_F16, 4, 2, 256, 300, 0, BR, LRN, 0, 0, 0, {700, 64, 1100}, {900, 64, 1100}, {}},
   };
   int failed = 0, ran = 0;
   for (const Case& c : cases) {

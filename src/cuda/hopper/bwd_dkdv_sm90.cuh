@@ -167,6 +167,43 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 #endif
 }
 
+// The prologue of both Hopper dK dV kernels (this file's and bwd_dkdv_sm90_wide.cuh's). dkdv_tile: the block's tile,
+// under kDet the tile of a ticket taken in launch order (every block it will wait for then holds a smaller one:
+// dq_order.hpp; `ticket` is a shared word), else longest first. DkvBlock: its key tile, the mask of its sequence and
+// the query blocks qb_lo .. qb_lo + nq - 1 of BM rows that see its keys (a block past its sequence's keys has none;
+// the kernels then wait in pdl_wait and return, so that the dq convert's wait for the grid implies the
+// preprocess's completion), and the semaphore of a step's turn (kDet).
+template <bool kDet>
+__device__ __forceinline__ TileCoord dkdv_tile(const Params& p, unsigned* ticket, int tid) {
+  if constexpr (kDet) {
+    if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
+    __syncthreads();
+    return tile_of_linear(*ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
+  } else {
+    (void)p;
+    (void)ticket;
+    (void)tid;
+    return scheduled_tile(false);
+  }
+}
+template <int BM, int BN>
+struct DkvBlock {
+  KeyTile<BN> kt;
+  Mask mk;
+  int qb_lo = 0, nq = 0;
+  __device__ __forceinline__ DkvBlock(const Params& p, const TileCoord& tc) : kt(p, tc), mk(p, kt.sq) {
+    kt.template query_blocks<BM>(mk, qb_lo, nq);
+  }
+  // The semaphore of the turn (DqTurns) of step (query head ih of the group, query block qb_lo + iq); nullptr when
+  // the block is >= n_qb, which only batch tensors that break the max_seqlen_q contract give (unvalidated under graph
+  // capture; no counter outside the workspace is touched then, and such a call's dq is unspecified anyway).
+  template <typename Turns>
+  __device__ __forceinline__ unsigned* dq_sem(const Params& p, int ih, int iq) const {
+    const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq;
+    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(kt.n, Turns::head(kt.hk, p.group, ih), p.h_q, n_qb, qb) : nullptr;
+  }
+};
+
 // kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
 // warpgroups' order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c:
 // key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
@@ -262,29 +299,20 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const int g = lane >> 2, t = lane & 3;
   // Programmatic dependent launch (KernelChoice::pdl): the dq convert after this kernel may start once every block
   // of it has started; and this kernel may have started before the preprocess ended: the math threads wait for it
-  // in pdl_wait below, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes). The ticket
+  // in pdl_wait below, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes); a block past
+  // its sequence's keys waits before it exits (varlen with no keys: else every block could exit first). The ticket
   // counter and the turns' semaphores were zeroed before the preprocess was launched (cuda_backend.cu).
   pdl_launch_dependents();
-  TileCoord tc;
-  if constexpr (kDet) {  // the tile of this block's ticket: every block it will wait for holds a smaller one
-    if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
-    __syncthreads();
-    tc = tile_of_linear(*ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
-  } else {
-    tc = scheduled_tile(false);
+  const TileCoord tc = dkdv_tile<kDet>(p, ticket, tid);
+  const DkvBlock<BM, BN> blk(p, tc);
+  if (blk.kt.outside()) {
+    pdl_wait();
+    return;
   }
-  const KeyTile<BN> kt(p, tc);
-  const int hk = kt.hk, n = kt.n, j0 = kt.j0;
+  const KeyTile<BN>& kt = blk.kt;
+  const Mask& mk = blk.mk;
   const SeqInfo& sq = kt.sq;
-  if (kt.outside()) return;
-  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
-  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
-  const int rows_out = kt.rows();
-
-  const Mask mk(p, sq);
-  int qb_lo, nq;
-  kt.template query_blocks<BM>(mk, qb_lo, nq);
-  const int iters = nq * p.group;
+  const int hk = kt.hk, n = kt.n, j0 = kt.j0, qb_lo = blk.qb_lo, nq = blk.nq, iters = nq * p.group;
   // (query head of the group, query block) of each step. kBias: query-block-major (the order of kDet) also without
   // kDet, so the heads of a group read one bias tile in consecutive steps: head-major, the non-deterministic bias
   // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth
@@ -413,13 +441,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const T* sK_wg = sK + wg * 64 * 64;
   const T* sV_wg = sV + wg * 64 * 64;
 
-  // kDet: the semaphore of the turn of step (ih, iq), query block qb_lo + iq (nullptr when the block is >= n_qb,
-  // which only batch tensors that break the max_seqlen_q contract give: unvalidated under graph capture; no counter
-  // outside the workspace is touched then, and such a call's dq is unspecified anyway).
-  auto dq_sem = [&](int ih_s, int iq_s) -> unsigned* {
-    const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq_s;
-    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(n, Turns::head(hk, p.group, ih_s), p.h_q, n_qb, qb) : nullptr;
-  };
+  auto dq_sem = [&](int ih_s, int iq_s) { return blk.template dq_sem<Turns>(p, ih_s, iq_s); };  // kDet
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + ih;
@@ -704,7 +726,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   wgmma_wait<0>();
   fence_acc(acc_dk);
   fence_acc(acc_dv);
-  const int rows_valid = rows_out - (wg * 64 + wl * 16);
+  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
+  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
+  const int rows_valid = kt.rows() - (wg * 64 + wl * 16);
   store_fragment<T, NO>(dk + (wg * 64 + wl * 16) * p.dk_st.s, p.dk_st.s, rows_valid, p.d, acc_dk, p.softmax_scale,
                         p.softmax_scale, lane);
   store_fragment<T, NO>(dv + (wg * 64 + wl * 16) * p.dv_st.s, p.dv_st.s, rows_valid, p.d_v, acc_dv, 1.f, 1.f, lane);

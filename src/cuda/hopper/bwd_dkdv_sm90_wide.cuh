@@ -1,0 +1,379 @@
+// CUDA backend, Hopper: the dK dV kernel of the backward (SPEC.md section 3) for head-dim tile 256, on warpgroup MMA
+// (wgmma, sm_90a), fp16 / bf16, without bias or dropout, with dQ fused: fp32 reductions into p.ws_dq in any order
+// (kDet = false, deterministic = 0) or in a fixed order of the key blocks under per-step semaphores (kDet = true;
+// dq_order.hpp has the order and why it cannot deadlock). The dispatch (dispatch.cpp) picks it.
+// Same math and the same per-row inputs (LSE2, D - d_lse from the preprocess pass) as bwd_dkdv_sm90.cuh:
+//   S^T = K Q^T, dP^T = V dO^T (per query block of 64 rows, per query head of the KV group)
+//   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
+//   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order), dQ += dS K
+// Why a kernel of its own: the tile-64 / 128 kernel gives each of its two warpgroups 64 keys with their dK and dV
+// over the whole head dim, 256 accumulator registers a thread at head dim 256. Here the head dim is split instead:
+// Block: 2 warpgroups (256 threads), 64 keys, 64 query rows per step.
+//   S^T, dP^T (64 keys x 64 queries): warpgroup wg computes the 32 query columns [32 wg, 32 wg + 32) over all 64
+//     keys (m64n32k16 chains over the head dim; A = K or V rows, B = Q or dO rows, both K-major), forms its columns
+//     of P^T and dS^T in registers and stores them (rounded to T) to shared memory (sP, sdS);
+//   dV, dK, dQ: warpgroup wg owns the head-dim columns [128 wg, 128 wg + 128) of each: dV += P^T dO and
+//     dK += dS^T Q (A = sP / sdS, K-major; B = dO / Q read MN-major), dQ = dS K (A = sdS read MN-major, B = K
+//     read MN-major), m64n128k16, all operands from shared memory.
+//   Registers: dK and dV accumulators 64 + 64 floats a thread, the step's dQ tile 64, S^T and dP^T 16 each.
+// Shared memory (16-bit tiles in the 128-byte-swizzled row panels of sm90_common.cuh): K, V (loaded once,
+// cp.async), two stages of a step's Q and dO tiles (TMA for a query block with all 64 rows in the sequence, else
+// cp.async, as in bwd_dkdv_sm90.cuh), P^T and dS^T (64 x 64 each), LSE2 and D: 209 KiB.
+// dQ: a full query block's 64 x 256 fp32 tile is staged in the stage it was computed from, once dV and dK have read
+// its Q and dO (the stage's 64 KiB are the tile's size; no room is left for a buffer of its own), in the swizzled
+// image of the ws_dq map's 32-column boxes, and thread 0 adds it to ws_dq by TMA reduce-adds after the next step's
+// first barrier; the next step's prefetch into that stage waits until they have read it (thread 0, before the
+// barrier that precedes the prefetch). Partial query blocks (and a call without the dq map) add with float4
+// atomics. bf16, b 2, h 16, s 4096, causal (bench/RESULTS.md, 2026-12-05 nineteenth session): float4 atomics for
+// every block 4.87 ms on an H100 and 2.72 ms on an H200, against 1.99 / 1.94 ms with no dq adds at all (a timing
+// build, results wrong) and 2.28 ms (H200) with these reduce-adds: the fp32 reductions of 64 KiB per step at 64
+// keys a block, not the products, were the atomics' time.
+// Order of a step (barriers are the block's; each product its own wgmma commit group):
+//   wait for the step's Q / dO; barrier | thread 0: the previous step's dQ reduce-adds | S^T, dP^T issued |
+//   wait S^T: P^T to sP | thread 0: wait for the reduce-adds' reads | barrier | next step's loads issued into the
+//   other stage | dV issued | wait dP^T: dS^T to sdS | barrier | dQ, dK issued | wait dQ, dK: the dQ tile to the
+//   stage (full blocks) or dQ atomics.
+// kDet: as bwd_dkdv_sm90.cuh's kDet with a turn per step (dq_turn_per_step): the block's tile comes from a ticket,
+// steps run query-block-major and descending, the step's turn is waited for before its adds (thread 0 for a tile
+// it adds by TMA in the next step, else lane 0 of every warp before the warp's atomics), and thread 0 releases the
+// previous turn once its reduce-adds have completed, after the barrier that follows every thread's atomics of it.
+#pragma once
+
+#include "cuda/hopper/bwd_dkdv_sm90.cuh"
+
+namespace sinkattn::cuda::sm90 {
+
+template <int HD>
+struct DkvSm90WideTraits {
+  static constexpr int kThreads = 256;
+  static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block
+  static constexpr int kBlockM = 64;                             // query rows per step
+  static constexpr int kHalf = HD / 2;                           // dK / dV / dQ columns per warpgroup
+  static constexpr int kCols = kBlockM / 2;                      // S^T / dP^T query columns per warpgroup
+  static_assert(tiles::dkdv_sm90_wide(HD) && HD == 256 && kBlockN == 64,
+                "head dim 256: two warpgroups x 128 columns, 64 keys");
+  // sK, sV [BN][HD]; 2 stages of {Q [BM][HD], dO [BM][HD]} (each stage also the fp32 [BM][HD] dQ tile of its step);
+  // sP, sdS [BN][BM] (16-bit); sL, sD [2][BM] fp32; 2 mbarriers (the TMA loads of the two stages) and kDet's ticket
+  // (32 bytes); room to align the base to 1024 bytes (the swizzled tiles).
+  static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + 2 * kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 +
+                               32 + 1024;
+  static_assert(kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
+};
+
+template <typename T, int HD, bool kDet>
+__global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
+    bwd_dkdv_sm90_wide_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = DkvSm90WideTraits<HD>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HN = Tr::kHalf, QC = Tr::kCols, NT = QC / 8, NO = HN / 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  T* sV = sK + BN * HD;
+  T* stages = sV + BN * HD;    // [2][Q BM * HD, dO BM * HD]
+  const auto q_tile = [&](int b) { return stages + b * 2 * BM * HD; };
+  const auto do_tile = [&](int b) { return stages + b * 2 * BM * HD + BM * HD; };
+  // The dQ tile's 32-column fp32 boxes in a stage: after the step's last barrier warpgroup wg's dV and dK still read
+  // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
+  // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
+  // overwrites only what it alone reads, once its own products have completed (with the boxes in column order, the
+  // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
+  const auto dq_box = [&](int b, int bx) {
+    const int w = bx >> 2, j = bx & 3;
+    return reinterpret_cast<unsigned char*>(stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
+           w * (BM * 128 * 2) + (j & 1) * (BM * 128);
+  };
+  static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
+  T* sP = stages + 4 * BM * HD;  // [BN * BM]: P^T, rows = keys, cols = queries
+  T* sdS = sP + BN * BM;       // [BN * BM]: dS^T
+  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
+  float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
+  unsigned* ticket = reinterpret_cast<unsigned*>(bars + 2);  // kDet
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wl = warp & 3;
+  const int g = lane >> 2, t = lane & 3;
+  // Programmatic dependent launch (KernelChoice::pdl): as bwd_dkdv_sm90.cuh. Every block waits for the preprocess
+  // before it exits, so that the dq convert's wait for this grid implies the preprocess's completion too.
+  pdl_launch_dependents();
+  const TileCoord tc = dkdv_tile<kDet>(p, ticket, tid);  // (the prologue: bwd_dkdv_sm90.cuh, DkvBlock)
+  const DkvBlock<BM, BN> blk(p, tc);
+  if (blk.kt.outside()) {
+    pdl_wait();
+    return;
+  }
+  const KeyTile<BN>& kt = blk.kt;
+  const Mask& mk = blk.mk;
+  const SeqInfo& sq = kt.sq;
+  const int hk = kt.hk, n = kt.n, j0 = kt.j0, qb_lo = blk.qb_lo, nq = blk.nq, iters = nq * p.group;
+  using Order = StepOrder<kDet>;
+  using Turns = DqTurns<dq_turn_per_step(false)>;  // kDet
+
+  // A query block with all BM rows inside the sequence is loaded by TMA (a function of the block alone: the issuing
+  // and the consuming step agree on it).
+  auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
+  // The same for the dq adds: a full block's tile by TMA reduce-adds (a box would add to the next sequence's rows).
+  auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
+  bool pending = false;  // the previous step staged a dQ tile (in its stage, the other one)
+  int pending_h = 0, pending_row = 0;
+  auto issue_dq = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
+#pragma unroll
+    for (int bx = 0; bx < HD / 32; ++bx)
+      if (bx * 32 < p.d) tma_reduce_add_3d(&tma.dq, dq_box(b, bx), bx * 32, pending_row, pending_h);
+    bulk_commit();
+  };
+  if (tid == 0) {
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+  }
+  __syncthreads();
+  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
+  load_tile_sw<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
+  load_tile_sw<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  pdl_wait();  // the preprocess's ws_lse2 / ws_dp / zeroed ws_dq (K and V loads are already under way)
+  uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
+
+  RowStatsPrefetch<BM> pf;
+  // kDet: thread 0 releases the turns (a MEMBAR.GPU that waits for the thread's memory operations in flight), so
+  // other threads load the rows' LSE2 / D (64 .. 127) and issue the TMA loads (lane 0 of warp 1), as in
+  // bwd_dkdv_sm90.cuh.
+  constexpr int kLoader = kDet ? 32 : 0;
+  const int pf_tid = kDet ? tid ^ BM : tid;
+  auto issue = [&](int buf, int ih, int iq) {
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    if (tma_block(i0)) {
+      if (tid == kLoader) {
+        mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
+        const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
+#pragma unroll
+        for (int c = 0; c < HD / 64; ++c) {
+          tma_load_4d(q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
+          tma_load_4d(do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
+        }
+      }
+    } else {
+      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
+      load_tile_sw<BM, HD, Tr::kThreads>(q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+    }
+    pf.load(p, sq, n, h, i0, pf_tid);
+  };
+  int ih, iq;
+  Order::first(nq, p.group, ih, iq);
+  if (iters > 0) {
+    issue(0, ih, iq);
+    pf.store(sL, sD, 0, pf_tid);
+  }
+  cp_async_commit();
+
+  float acc_dk[NO][4], acc_dv[NO][4];
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
+  const int n0 = wg * HN;         // this warpgroup's head-dim columns of dK, dV, dQ
+  const int c0 = wg * QC;         // its query columns of S^T, dP^T (within the step's block)
+  const int key_w = j0 + wl * 16;  // this warp's first key (S^T rows)
+  const int r0 = wl * 16 + g;     // this thread's first row of sP / sdS
+
+  auto dq_sem = [&](int ih_s, int iq_s) { return blk.template dq_sem<Turns>(p, ih_s, iq_s); };  // kDet
+  // Stores a warp's 16 x 32 fragment (rows = keys r0, r0 + 8; cols = queries c0 + 8 nt + 2 t) rounded to T.
+  auto store_frag = [&](T* tile, const float (&f)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int c = c0 + nt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(tile + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(f[nt][0], f[nt][1]);
+      *reinterpret_cast<uint32_t*>(tile + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(f[nt][2], f[nt][3]);
+    }
+  };
+  // Descriptors of the k-steps as one base descriptor plus a constant (the start address's field, bits 0-13, holds
+  // address / 16 and the tiles lie inside shared memory, so the sum never carries out of it): the 16 k-steps of the
+  // S^T / dP^T chains then cost no register each.
+  const uint64_t dK0 = desc_kmajor_sw<BN>(sK, 0), dV0 = desc_kmajor_sw<BN>(sV, 0);
+  const uint64_t dP0 = desc_kmajor_sw<BN>(sP, 0), ddS0 = desc_kmajor_sw<BN>(sdS, 0);
+  const uint64_t ddS_mn0 = desc_mnmajor_sw<BN>(sdS, 0), dKn0 = desc_mnmajor_sw<BN>(sK + (n0 / 64) * BN * 64, 0);
+  const auto kstep = [](uint64_t d0, int kk, int rows) -> uint64_t {
+    return d0 + static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+  };
+  const auto mnstep = [](uint64_t d0, int kk) -> uint64_t { return d0 + static_cast<uint64_t>((kk * 16 * 128) >> 4); };
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    cp_async_wait<0>();
+    if (tma_block(i0)) {
+      mbar_wait(&bars[buf], (phase >> buf) & 1u);
+      phase ^= 1u << buf;
+    }
+    fence_proxy_async();
+    __syncthreads();  // the step's tiles are in; every product and dQ store of the previous step has completed
+    // thread 0: the reduce-adds of the previous step's tile (kDet: that step's turn is held)
+    const bool issued = pending && tid == 0;
+    if (issued) issue_dq(buf ^ 1);
+    pending = false;
+    int ih_next = ih, iq_next = iq;
+    Order::next(nq, p.group, ih_next, iq_next);
+    const bool prefetch = it + 1 < iters;
+    const unsigned* sem = nullptr;
+    unsigned seen = 0;
+    const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
+    if constexpr (kDet) {
+      if (waits) {
+        sem = dq_sem(ih, iq);
+        if (sem != nullptr) seen = load_turn(sem);
+      }
+    }
+    const T* q_cur = q_tile(buf);
+    const T* do_cur = do_tile(buf);
+    const uint64_t dQ0 = desc_kmajor_sw<BM>(q_cur + c0 * 64, 0), dO0 = desc_kmajor_sw<BM>(do_cur + c0 * 64, 0);
+    const uint64_t dQn0 = desc_mnmajor_sw<BM>(q_cur + (n0 / 64) * BM * 64, 0);
+    const uint64_t dOn0 = desc_mnmajor_sw<BM>(do_cur + (n0 / 64) * BM * 64, 0);
+    const float* l_cur = sL + buf * BM;
+    const float* d_cur = sD + buf * BM;
+    const int ic = i0 + c0;  // this warpgroup's first query
+    // Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
+    // from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
+    float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = the warpgroup's 32 queries
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      Wgmma<T, QC>::template ss<0, 0>(s, kstep(dK0, kk, BN), kstep(dQ0, kk, BM), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      Wgmma<T, QC>::template ss<0, 0>(dpv, kstep(dV0, kk, BN), kstep(dO0, kk, BM), kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T
+    fence_acc(s);
+    const bool need_mask = !mk.tile_all_visible(ic, QC, key_w, 16);
+    if (need_mask) make_logits<T, NT, true, false>(s, p, mk, true, n, h, key_w, ic, lane);
+    const float sc = need_mask ? 1.f : p.scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c0 + nt * 8 + 2 * t + (e & 1)]));
+    store_frag(sP, s);
+    if (issued) bulk_wait_read<0>();  // the other stage is read: the next step's tiles may go there
+    fence_proxy_async();
+    __syncthreads();  // P^T complete
+    if (prefetch) issue(buf ^ 1, ih_next, iq_next);
+    cp_async_commit();
+    // dV[:, n0 .. n0 + HN) += P^T dO: k-step kc = queries 16 kc .. 16 kc + 15.
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < BM / 16; ++kc)
+      Wgmma<T, HN>::template ss<0, 1>(acc_dv, kstep(dP0, kc, BN), mnstep(dOn0, kc), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV still running)
+    fence_acc(dpv);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T - D)
+        const float pr = s[nt][e];
+        dpv[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[c0 + nt * 8 + 2 * t + (e & 1)]) : 0.f;
+      }
+    store_frag(sdS, dpv);
+    fence_proxy_async();
+    __syncthreads();  // dS^T complete
+    {
+      // dQ_i += sum_j dS_ij k_j over the block's keys (SPEC 3; softmax_scale applied in the postprocess), columns
+      // [n0, n0 + HN): A = dS (sdS read MN-major), B = K (MN-major), k-step kk = keys 16 kk .. 16 kk + 15.
+      float accq[NO][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        Wgmma<T, HN>::template ss<1, 1>(accq, mnstep(ddS_mn0, kk), mnstep(dKn0, kk), kk > 0);
+      wgmma_commit();
+      // dK[:, n0 .. n0 + HN) += dS^T Q.
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc)
+        Wgmma<T, HN>::template ss<0, 1>(acc_dk, kstep(ddS0, kc, BN), mnstep(dQn0, kc), 1);
+      wgmma_commit();
+      if constexpr (kDet) {
+        // The previous turn's adds all preceded this step's barriers: release it (thread 0), then wait for this
+        // step's turn (lane 0 of each warp), while dQ and dK run.
+        if (tid == 0 && it > 0 && Turns::opens(ih)) {
+          int ih_prev = ih, iq_prev = iq;
+          Turns::previous(p.group, ih_prev, iq_prev);
+          unsigned* prev = dq_sem(ih_prev, iq_prev);
+          bulk_wait<0>();  // the previous step's reduce-adds, issued after this step's first barrier
+          if (prev != nullptr) release_turn(prev);
+        }
+        if (waits && sem != nullptr)
+          wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb_lo + iq)), seen);
+        __syncwarp();
+      }
+      // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
+      wgmma_wait<1>();  // dV, dQ (dK still running)
+      fence_acc(accq);
+      const bool by_tma = tma_dq(i0);  // block-uniform
+      if (!by_tma) {
+        // float4 atomics while dK runs: lanes t and t ^ 1 (same g) swap halves so that an even t adds columns
+        // 8 nt + 2 t .. + 3 of row g, an odd t those of row g + 8 (columns 8 nt + 2 (t - 1) .. + 3).
+        const bool odd = (t & 1) != 0;
+        const int ia = i0 + wl * 16 + g + (odd ? 8 : 0);
+        const bool va = ia < sq.len_q;
+        float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * (t & 2);
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt) {
+          if (n0 + nt * 8 >= p.d) break;
+          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? accq[nt][0] : accq[nt][2], 1);
+          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? accq[nt][1] : accq[nt][3], 1);
+          const float4 v =
+              odd ? make_float4(x0, x1, accq[nt][2], accq[nt][3]) : make_float4(accq[nt][0], accq[nt][1], x0, x1);
+          if (va) atomicAdd(reinterpret_cast<float4*>(pa + nt * 8), v);
+        }
+      }
+      wgmma_wait<0>();  // dK: this step's Q and dO are read
+      fence_acc(acc_dk);
+      fence_acc(acc_dv);
+      if (by_tma) {
+        // The tile to this step's stage (columns >= d are clipped by the map); thread 0 adds it after the next
+        // barrier.
+        // (Each box in the swizzled image of one ws_dq map box: sw128_f32_offset of its 32 columns.)
+        const int ra = wl * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt) {
+          const int c = n0 + nt * 8 + 2 * t;
+          unsigned char* box = dq_box(buf, c >> 5);
+          *reinterpret_cast<float2*>(box + sw128_f32_offset<BM>(ra, c & 31)) = make_float2(accq[nt][0], accq[nt][1]);
+          *reinterpret_cast<float2*>(box + sw128_f32_offset<BM>(ra + 8, c & 31)) =
+              make_float2(accq[nt][2], accq[nt][3]);
+        }
+        fence_proxy_async();
+        pending = true;
+        pending_h = h;
+        pending_row = static_cast<int>(ws_row(p, sq, n, i0));
+      }
+    }
+    if (prefetch) pf.store(sL, sD, buf ^ 1, pf_tid);
+    ih = ih_next;
+    iq = iq_next;
+  }
+  if (pending) {  // the last step's tile (uniform: a function of its query block)
+    __syncthreads();
+    if (tid == 0) issue_dq((iters - 1) & 1);
+  }
+  if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
+  if constexpr (kDet) {
+    if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
+      __syncthreads();
+      int ih_last, iq_last;
+      Turns::last(p.group, ih_last, iq_last);
+      unsigned* last = dq_sem(ih_last, iq_last);
+      if (tid == 0 && last != nullptr) release_turn(last);
+    }
+  }
+  cp_async_wait<0>();
+  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
+  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
+  const int rows_valid = kt.rows() - wl * 16;
+  store_fragment<T, NO>(dk + (wl * 16) * p.dk_st.s + n0, p.dk_st.s, rows_valid, p.d - n0, acc_dk, p.softmax_scale,
+                        p.softmax_scale, lane);
+  store_fragment<T, NO>(dv + (wl * 16) * p.dv_st.s + n0, p.dv_st.s, rows_valid, p.d_v - n0, acc_dv, 1.f, 1.f, lane);
+#endif
+}
+
+}  // namespace sinkattn::cuda::sm90
