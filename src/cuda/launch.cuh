@@ -237,15 +237,33 @@ cudaError_t launch_bwd_dq(const Params& p, const KernelChoice& kc, cudaStream_t 
   return cudaGetLastError();
 }
 
+// What both Hopper dK dV kernels need of the workspace: the fused dq's accumulator, and the ordered dq's semaphores.
+// No query row at all (varlen with every seqlens_q 0, or s_q = 0): the dq accumulator has no bytes (a NULL workspace
+// may then hold it) and the kernels only write dK = dV = 0.
+inline bool dkdv_sm90_workspace_ok(const Params& p, const KernelChoice& kc) {
+  return !(p.ws_dq == nullptr && p.rows_total_q > 0) && !(kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr);
+}
+
+// The tensor maps of the Hopper dK dV kernels (Sm90Tma): q and d_out in boxes of block_m rows (a kernel's TMA blocks
+// are whole query blocks), the dq accumulator, and a staged bias (kc.dkdv_bias_tma); each ok flag false where the
+// dispatch turned it off or the encoder refuses the description.
+template <typename T>
+sm90::Sm90Tma dkdv_tma_maps(const Params& p, const KernelChoice& kc, int block_m) {
+  sm90::Sm90Tma tma{};
+  const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
+  tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, block_m) &&
+           make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, block_m);
+  tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, block_m);
+  tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, block_m);
+  return tma;
+}
+
 // The Hopper dK dV kernel with BM query rows per step (KernelChoice::dkdv_block_m) and the variant kc names.
 template <typename T, int HD, int BM>
 cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 grid, cudaStream_t stream) {
   using Tr90 = sm90::DkvSm90Traits<HD, false, false, BM>;
   static_assert(Tr90::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
-  // No query row at all (varlen with every seqlens_q 0, or s_q = 0): the dq accumulator has no bytes (a NULL
-  // workspace may then hold it) and the kernel only writes dK = dV = 0.
-  if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
-    return cudaErrorInvalidValue;
+  if (!dkdv_sm90_workspace_ok(p, kc)) return cudaErrorInvalidValue;
   const bool det = kc.dq == DqPath::kFusedOrdered;
   if (kc.bias && (kc.dropout || p.ws_dbias == nullptr)) return cudaErrorInvalidValue;
   // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
@@ -274,14 +292,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   }
   cudaError_t e = prepare_smem(kernel, smem);
   if (e != cudaSuccess) return e;
-  sm90::Sm90Tma tma{};
-  const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
-  // Boxes of BM rows (the kernel's TMA blocks are whole query blocks).
-  tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, BM) &&
-           make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, BM);
-  tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, BM);
-  tma.bias_ok = kc.dkdv_bias_tma && make_bias_map<T>(tma.bias, p, BM);
-  return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, tma);
+  return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));
 }
 
 // The Hopper dK dV kernel of tile 256 (the head dim split between the warpgroups; plain: no bias, no dropout).
@@ -289,19 +300,14 @@ template <typename T, int HD>
 cudaError_t launch_bwd_dkdv_sm90_wide(const Params& p, const KernelChoice& kc, dim3 grid, cudaStream_t stream) {
   using TrW = sm90::DkvSm90WideTraits<HD>;
   static_assert(TrW::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
-  if ((p.ws_dq == nullptr && p.rows_total_q > 0) || (kc.dq == DqPath::kFusedOrdered && p.ws_dq_sem == nullptr))
+  if (!dkdv_sm90_workspace_ok(p, kc) || kc.bias || kc.dropout || kc.dkdv_bias_tma || kc.dkdv_block_m != TrW::kBlockM)
     return cudaErrorInvalidValue;
-  if (kc.bias || kc.dropout || kc.dkdv_block_m != TrW::kBlockM) return cudaErrorInvalidValue;
   const bool det = kc.dq == DqPath::kFusedOrdered;
   auto kernel = det ? sm90::bwd_dkdv_sm90_wide_kernel<T, HD, true> : sm90::bwd_dkdv_sm90_wide_kernel<T, HD, false>;
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
-  sm90::Sm90Tma tma{};
-  const int64_t rows = p.varlen ? p.rows_total_q : p.s_q, nb = p.varlen ? 1 : p.b;
-  tma.ok = kc.dkdv_tma && make_rows_map<T>(tma.q, p.q, p.d, rows, p.h_q, nb, p.q_st, TrW::kBlockM) &&
-           make_rows_map<T>(tma.d_out, p.d_out, p.d_v, rows, p.h_q, nb, p.dout_st, TrW::kBlockM);
-  tma.dq_ok = kc.dq_tma && make_dq_map(tma.dq, p.ws_dq, p.d, p.rows_total_q, p.h_q, TrW::kBlockM);
-  return launch_kernel(kernel, grid, dim3(TrW::kThreads), TrW::kSmem, stream, kc.pdl, p, tma);
+  return launch_kernel(kernel, grid, dim3(TrW::kThreads), TrW::kSmem, stream, kc.pdl, p,
+                       dkdv_tma_maps<T>(p, kc, TrW::kBlockM));
 }
 
 template <typename T, int HD>

@@ -172,7 +172,8 @@ __device__ __forceinline__ void release_turn(unsigned* sem) {
 // dq_order.hpp; `ticket` is a shared word), else longest first. DkvBlock: its key tile, the mask of its sequence and
 // the query blocks qb_lo .. qb_lo + nq - 1 of BM rows that see its keys (a block past its sequence's keys has none;
 // the kernels then wait in pdl_wait and return, so that the dq convert's wait for the grid implies the
-// preprocess's completion), and the semaphore of a step's turn (kDet).
+// preprocess's completion), and the steps of the deterministic dq's turns (kDet; dq_order.hpp): open_turn,
+// pass_turn, release_last_turn.
 template <bool kDet>
 __device__ __forceinline__ TileCoord dkdv_tile(const Params& p, unsigned* ticket, int tid) {
   if constexpr (kDet) {
@@ -201,6 +202,41 @@ struct DkvBlock {
   __device__ __forceinline__ unsigned* dq_sem(const Params& p, int ih, int iq) const {
     const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq;
     return qb < n_qb ? p.ws_dq_sem + dq_sem_index(kt.n, Turns::head(kt.hk, p.group, ih), p.h_q, n_qb, qb) : nullptr;
+  }
+  // A thread that will wait for the turn of step (ih, iq): its semaphore, and the counter read early into `seen`
+  // (its latency hides behind the step's first products); nullptr: no semaphore (dq_sem).
+  template <typename Turns>
+  __device__ __forceinline__ const unsigned* open_turn(const Params& p, int ih, int iq, unsigned& seen) const {
+    const unsigned* sem = dq_sem<Turns>(p, ih, iq);
+    if (sem != nullptr) seen = load_turn(sem);
+    return sem;
+  }
+  // While step `it` (ih, iq) runs its dQ and dK products: a step that opens a turn closes the previous one (thread
+  // 0, once its own reduce-adds of it have completed: bulk_wait; every thread's atomics of it preceded this step's
+  // barriers), then the threads that wait (`waits`, with open_turn's `sem` and `seen`) wait for this block's turn
+  // (tile `block`, the key block's position in the query block's order) before the step's adds; __syncwarp passes
+  // the wait on to their warps.
+  template <typename Turns>
+  __device__ __forceinline__ void pass_turn(const Params& p, int block, int tid, int it, int ih, int iq, bool waits,
+                                            const unsigned* sem, unsigned seen) const {
+    if (tid == 0 && it > 0 && Turns::opens(ih)) {
+      int ih_prev = ih, iq_prev = iq;
+      Turns::previous(p.group, ih_prev, iq_prev);
+      unsigned* prev = dq_sem<Turns>(p, ih_prev, iq_prev);
+      bulk_wait<0>();
+      if (prev != nullptr) release_turn(prev);
+    }
+    if (waits && sem != nullptr) wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, block, qb_lo + iq)), seen);
+    __syncwarp();
+  }
+  // After the steps and a barrier that follows every thread's adds (and thread 0's completed reduce-adds): thread 0
+  // releases the block's last turn.
+  template <typename Turns>
+  __device__ __forceinline__ void release_last_turn(const Params& p, int tid) const {
+    int ih_last, iq_last;
+    Turns::last(p.group, ih_last, iq_last);
+    unsigned* last = dq_sem<Turns>(p, ih_last, iq_last);
+    if (tid == 0 && last != nullptr) release_turn(last);
   }
 };
 
@@ -441,7 +477,6 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const T* sK_wg = sK + wg * 64 * 64;
   const T* sV_wg = sV + wg * 64 * 64;
 
-  auto dq_sem = [&](int ih_s, int iq_s) { return blk.template dq_sem<Turns>(p, ih_s, iq_s); };  // kDet
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + ih;
@@ -469,10 +504,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) {
-        sem = dq_sem(ih, iq);
-        if (sem != nullptr) seen = load_turn(sem);
-      }
+      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
     }
     const T* q_cur = sQ + buf * BM * HD;
     const T* do_cur = sdO + buf * BM * HD;
@@ -657,18 +689,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
         // A step that opens a turn closes the previous one: it goes to the next key block. Its atomics preceded this
         // step's first barrier and its reduce-adds (the last of them issued after that barrier) are waited for here,
         // while dQ and dK run: before the barrier that precedes them, this wait and the release's fence (MEMBAR.GPU)
-        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session).
-        if (tid == 0 && it > 0 && Turns::opens(ih)) {
-          int ih_prev = ih, iq_prev = iq;
-          Turns::previous(p.group, ih_prev, iq_prev);
-          unsigned* prev = dq_sem(ih_prev, iq_prev);
-          bulk_wait<0>();
-          if (prev != nullptr) release_turn(prev);
-        }
-        // This block's turn in the query block's order, before its adds.
-        if (waits && sem != nullptr)
-          wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb_lo + iq)), seen);
-        __syncwarp();
+        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session). Then this block's
+        // turn in the query block's order, before its adds.
+        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
       }
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
@@ -716,10 +739,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   if constexpr (kDet) {
     if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       math_sync();
-      int ih_last, iq_last;
-      Turns::last(p.group, ih_last, iq_last);
-      unsigned* last = dq_sem(ih_last, iq_last);
-      if (tid == 0 && last != nullptr) release_turn(last);
+      blk.template release_last_turn<Turns>(p, tid);
     }
   }
   cp_async_wait<0>();

@@ -177,7 +177,6 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   const int key_w = j0 + wl * 16;  // this warp's first key (S^T rows)
   const int r0 = wl * 16 + g;     // this thread's first row of sP / sdS
 
-  auto dq_sem = [&](int ih_s, int iq_s) { return blk.template dq_sem<Turns>(p, ih_s, iq_s); };  // kDet
   // Stores a warp's 16 x 32 fragment (rows = keys r0, r0 + 8; cols = queries c0 + 8 nt + 2 t) rounded to T.
   auto store_frag = [&](T* tile, const float (&f)[NT][4]) {
 #pragma unroll
@@ -219,10 +218,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) {
-        sem = dq_sem(ih, iq);
-        if (sem != nullptr) seen = load_turn(sem);
-      }
+      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
     }
     const T* q_cur = q_tile(buf);
     const T* do_cur = do_tile(buf);
@@ -292,18 +288,9 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
         Wgmma<T, HN>::template ss<0, 1>(acc_dk, kstep(ddS0, kc, BN), mnstep(dQn0, kc), 1);
       wgmma_commit();
       if constexpr (kDet) {
-        // The previous turn's adds all preceded this step's barriers: release it (thread 0), then wait for this
-        // step's turn (lane 0 of each warp), while dQ and dK run.
-        if (tid == 0 && it > 0 && Turns::opens(ih)) {
-          int ih_prev = ih, iq_prev = iq;
-          Turns::previous(p.group, ih_prev, iq_prev);
-          unsigned* prev = dq_sem(ih_prev, iq_prev);
-          bulk_wait<0>();  // the previous step's reduce-adds, issued after this step's first barrier
-          if (prev != nullptr) release_turn(prev);
-        }
-        if (waits && sem != nullptr)
-          wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, tc.block, qb_lo + iq)), seen);
-        __syncwarp();
+        // Release the previous turn (its reduce-adds were issued after this step's first barrier), then wait for
+        // this step's, while dQ and dK run.
+        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
       }
       // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
       wgmma_wait<1>();  // dV, dQ (dK still running)
@@ -360,10 +347,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   if constexpr (kDet) {
     if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       __syncthreads();
-      int ih_last, iq_last;
-      Turns::last(p.group, ih_last, iq_last);
-      unsigned* last = dq_sem(ih_last, iq_last);
-      if (tid == 0 && last != nullptr) release_turn(last);
+      blk.template release_last_turn<Turns>(p, tid);
     }
   }
   cp_async_wait<0>();
