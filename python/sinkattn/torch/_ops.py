@@ -8,8 +8,8 @@ fake kernels (output shapes, dtypes and strides for FakeTensor / torch.compile /
 formula of ``fwd`` (through ``bwd``: dq, dk, dv, d_sinks, d_bias, and the gradient flowing into softmax_lse).
 
 Search order for the operator library: ``$SINKATTN_TORCH_LIBRARY`` (a path, for development builds), then the
-installed package (``sinkattn/lib*/libsinkattn_torch.so``, what ``pip install --no-build-isolation .`` puts there
-when the build sees torch).
+installed package (``sinkattn/lib*/libsinkattn_torch.so``: in every wheel of tools/build-wheel.sh and every source
+install but those built with ``SINKATTN_BUILD_TORCH=OFF``).
 
 The autograd formula has two registrations of the same formula (one is used): the compiled kernel
 ``libsinkattn_torch_autograd.so`` (python/torch/torch_autograd.cpp, on PyTorch's C++ API, so it serves only the
@@ -46,9 +46,10 @@ def library_path() -> str:
         if found:
             return found[0]
     raise ImportError(
-        "sinkattn: libsinkattn_torch.so not found: this sinkattn package was built without its PyTorch operators. "
-        "Install torch first, then build the package with `pip install --no-build-isolation .` (an isolated build "
-        "environment has no torch), or point SINKATTN_TORCH_LIBRARY at a build of python/torch.")
+        "sinkattn: libsinkattn_torch.so not found: this sinkattn package was built without its PyTorch operators "
+        "(SINKATTN_BUILD_TORCH=OFF). Install the wheel of tools/build-wheel.sh (`pip install dist/sinkattn-*.whl`), "
+        "rebuild from source without SINKATTN_BUILD_TORCH=OFF, or point SINKATTN_TORCH_LIBRARY at a build of "
+        "python/torch.")
 
 
 def autograd_library_path():

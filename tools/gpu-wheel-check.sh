@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On a GPU machine (no network): the wheel users install (dist/sinkattn-*.whl of tools/build-wheel.sh, carried from
+# the machine that built it), installed with `pip install --no-deps --target` next to the machine's own torch and
+# JAX (CUDA), and run from there, in two device calls (10 minutes a call):
+#   WHEEL_STEPS="info jax hf"  the installed `sinkattn` console script: `info` and `check --preset gpt-oss-20b` on the
+#                              GPU; the JAX tests on JAX's GPU backend (tools/gpu-python-check.sh); the HF GPT-OSS
+#                              training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first steps
+#                              checked against eager, then 100 steps)
+#   WHEEL_STEPS="torch"        the PyTorch tests on the GPU (tools/gpu-torch-check.sh)
+# Logs go to $OUT (default ./gpu-check-out): wheel_install.log wheel_info.log pytest.log wheel_hf.log
+# torch_pytest.log, and lines in summary.txt.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SUMMARY=$OUT/summary.txt
+STEPS=${WHEEL_STEPS:-"info jax hf"}
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+whl=$(ls dist/sinkattn-*.whl 2>/dev/null | head -1)
+[ -n "$whl" ] || { note "no dist/sinkattn-*.whl here: build it with tools/build-wheel.sh and carry dist"; exit 1; }
+SITE=/tmp/sinkattn-wheel-site
+rm -rf "$SITE"
+t0=$(date +%s)
+$PY -m pip install --no-deps --no-index --target "$SITE" "$whl" >"$OUT/wheel_install.log" 2>&1
+rc=$?
+note "wheel install ($(basename "$whl"), --no-deps --target $SITE): rc=$rc in $(($(date +%s) - t0)) s"
+[ $rc -eq 0 ] || { tail -20 "$OUT/wheel_install.log"; exit 1; }
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+export PATH=$SITE/bin:$PATH
+unset SINKATTN_JAX_FFI_LIBRARY SINKATTN_TORCH_LIBRARY
+status=0
+
+if has info; then
+  { echo "sinkattn: $(command -v sinkattn)"
+    sinkattn info
+    sinkattn check --preset gpt-oss-20b --seqlen 1024 --seed 1 --backend cuda
+    $PY -c "import jax, torch, transformers, sinkattn, sinkattn.jax._ffi as f, sinkattn.torch._ops as o; \
+print('package', sinkattn.__file__); print('jax', jax.__version__, jax.devices(), 'platforms', f.platforms()); \
+print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__); \
+import sinkattn.torch; print('torch operators', o.library_path(), 'autograd', o.AUTOGRAD)"; } >"$OUT/wheel_info.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "sinkattn info / check --preset gpt-oss-20b --backend cuda / versions: rc=$rc"
+  grep -E "^sinkattn|device 0|cuda:|PASS|FAIL|max|package|^jax|^torch" "$OUT/wheel_info.log" | head -30 | tee -a "$SUMMARY"
+fi
+if has jax; then
+  SITE_DIR=$SITE PY_STEPS=pytest OUT=$OUT PYTHON=$PY tools/gpu-python-check.sh || status=1
+fi
+if has hf; then
+  timeout 300 $PY examples/finetune_gpt_oss_hf.py --steps 100 --eval-every 50 --log-every 25 >"$OUT/wheel_hf.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "HF GPT-OSS training from the wheel (GPU, 100 steps): rc=$rc"
+  grep -E "check:|held-out loss .* ->|train loss|GPT-OSS" "$OUT/wheel_hf.log" | tee -a "$SUMMARY"
+fi
+if has torch; then
+  SITE_DIR=$SITE TORCH_STEPS=pytest OUT=$OUT PYTHON=$PY tools/gpu-torch-check.sh || status=1
+fi
+exit $status
