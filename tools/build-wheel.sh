@@ -39,8 +39,9 @@ if [[ $cuda =~ ^(ON|on|1|TRUE|true)$ ]] && ! command -v nvcc >/dev/null; then
 fi
 
 rm -rf build/wheel-raw dist/sinkattn-*.whl
-# --no-build-isolation: .venv is the build environment (torch's headers for the operators, jaxlib's FFI headers).
-.venv/bin/python -m pip wheel --no-build-isolation --no-deps -w build/wheel-raw . -C build-dir=build "${defines[@]}"
+# --no-build-isolation: .venv is the build environment (torch's headers for the operators, jaxlib's FFI headers);
+# -v: CMake's and ninja's output as it comes.
+.venv/bin/python -m pip wheel -v --no-build-isolation --no-deps -w build/wheel-raw . -C build-dir=build "${defines[@]}"
 raw=$(ls build/wheel-raw/sinkattn-*.whl)
 # The manylinux tag of the lowest glibc the binaries allow (auditwheel finds it from their symbol versions).
 PATH=$PWD/.venv/bin:$PATH auditwheel repair --exclude libtorch_cpu.so -w dist "$raw"

@@ -34,16 +34,19 @@ unset SINKATTN_JAX_FFI_LIBRARY SINKATTN_TORCH_LIBRARY
 status=0
 
 if has info; then
+  rc=0
   { echo "sinkattn: $(command -v sinkattn)"
-    sinkattn info
-    sinkattn check --preset gpt-oss-20b --seqlen 1024 --seed 1 --backend cuda
+    sinkattn info || rc=1
+    sinkattn check --preset gpt-oss-20b --seqlen 1024 --seed 1 --backend cuda || rc=1
     $PY -c "import jax, torch, transformers, sinkattn, sinkattn.jax._ffi as f, sinkattn.torch._ops as o; \
 print('package', sinkattn.__file__); print('jax', jax.__version__, jax.devices(), 'platforms', f.platforms()); \
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__); \
-import sinkattn.torch; print('torch operators', o.library_path(), 'autograd', o.AUTOGRAD)"; } >"$OUT/wheel_info.log" 2>&1
-  rc=$?; [ $rc -eq 0 ] || status=1
+import sinkattn.torch; print('torch operators', o.library_path(), 'autograd', o.AUTOGRAD)" || rc=1
+  } >"$OUT/wheel_info.log" 2>&1
+  [ $rc -eq 0 ] || status=1
   note "sinkattn info / check --preset gpt-oss-20b --backend cuda / versions: rc=$rc"
-  grep -E "^sinkattn|device 0|cuda:|PASS|FAIL|max|package|^jax|^torch" "$OUT/wheel_info.log" | head -30 | tee -a "$SUMMARY"
+  grep -E "^sinkattn|^command built|^  cuda:[0-9]|device 0:|ran on:|^(out|softmax_lse|dq|dk|dv|d_sinks) |^PASS|^FAIL|error|^package|^jax|^torch" \
+    "$OUT/wheel_info.log" | cut -c1-200 | tee -a "$SUMMARY"
 fi
 if has jax; then
   SITE_DIR=$SITE PY_STEPS=pytest OUT=$OUT PYTHON=$PY tools/gpu-python-check.sh || status=1
