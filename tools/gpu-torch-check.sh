@@ -44,7 +44,7 @@ if has pytest; then
   grep -E '^(FAILED|ERROR)' "$OUT/torch_pytest.log" | head -30 | tee -a "$SUMMARY"
 fi
 if has bench; then
-  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" $PY bench/bench_torch.py >"$OUT/torch_bench.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" $PY bench/bench_torch.py --json "$OUT/bench_torch.json" >"$OUT/torch_bench.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "torch bench (bench/bench_torch.py): rc=$rc"; tee -a "$SUMMARY" <"$OUT/torch_bench.log"
 fi
@@ -65,7 +65,7 @@ if has example; then
 fi
 if has examplebench; then
   timeout 300 $PY examples/finetune_gpt_oss_hf.py --benchmark --context 4096 --batch 2 --layers 4 --hidden 512 \
-    --heads 8 --kv-heads 2 --head-dim 64 --experts 4 >"$OUT/torch_example_bench.log" 2>&1
+    --heads 8 --kv-heads 2 --head-dim 64 --experts 4 --json "$OUT/hf_bench.json" >"$OUT/torch_example_bench.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "HF example benchmark (context 4096): rc=$rc"; tail -6 "$OUT/torch_example_bench.log" | tee -a "$SUMMARY"
 fi
