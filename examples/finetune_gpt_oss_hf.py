@@ -273,6 +273,8 @@ def parse_args(argv=None):
 def main(argv=None, log=print):
     a = parse_args(argv)
     res = benchmark(a, log) if a.benchmark else train(a, log)
+    if a.benchmark:
+        res["command"] = " ".join(["python3 examples/finetune_gpt_oss_hf.py"] + list(sys.argv[1:] if argv is None else argv))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -434,6 +434,7 @@ def main(argv=None, log=print):
     a, cfg = parse_args(argv)
     if a.benchmark:
         result = benchmark(cfg, log)
+        result["command"] = " ".join(["python3 examples/train_sink_lm.py"] + list(sys.argv[1:] if argv is None else argv))
         ok = True
     else:
         result = train(cfg, log)
