@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer racecheck on one GPU-suite configuration under several kernel switches and sanitizer options,
-# each with its own time limit: which kernel / which option a racecheck hang or hazard follows (bench/RESULTS.md,
-# 2026-12-03: `--small --no-cases --sweep 4 --seed 121303 --only 1` did not finish under racecheck).
+# each with its own time limit: which kernel / which option a racecheck hang or hazard follows
+# (bench/log/2026-12-03-forward-l2-sections.md: `--small --no-cases --sweep 4 --seed 121303 --only 1` did not finish
+# under racecheck on one machine).
 # Env: BUILD_DIR (default build-cuda; its tests/gpu/sinkattn_gpu_suite and libsinkattn), SUITE_ARGS (the suite's
 # arguments that select the configuration; default the case above), LIMIT (seconds per run, default 40), VARIANTS
 # (space-separated; each "name:ENV=V,ENV=V" or "name:" for none; an entry whose name starts with "opt-" passes its

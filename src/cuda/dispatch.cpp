@@ -17,7 +17,8 @@ namespace {
 std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_string(b); }
 
 // The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
-// consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
+// consumer warpgroups at head dim 64 and 2 at 128: bench/log/2026-12-01-warp-specialised-forward.md);
+// SINKATTN_CUDA_FWD_WS=0 turns it off.
 bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90_fwd_ws(tile); }
 // bias / dropout: the kernel's bias variant (staged by TMA or not), its dropout variant (2 consumers only).
 int ws_consumers(int tile, const Switches& sw, bool bias, bool dropout) {
@@ -124,9 +125,9 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout). Forward: the
   // consumers draw the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of each key block
   // while S runs, warps 1 .. 3 of the producer warpgroup the rest (fwd_keep_producer); consumers alone were slower
-  // than the sm_80 forward (bench/RESULTS.md 2026-12-01 fourth session: 3.32 against 3.07 ms at GPT-OSS full), the
-  // producer alone too (2026-12-02 eleventh session: 4.8 ms). dK dV: a keep-bit producer warpgroup at tile 64
-  // (keep_producer), the math warpgroups at tile 128 (tiles::dkdv_sm90_keep_producer).
+  // than the sm_80 forward (3.32 against 3.07 ms at GPT-OSS full: bench/log/2026-12-01-dropout-and-torch-op.md), the
+  // producer alone too (4.8 ms: bench/log/2026-12-02-dropout-forward-hopper.md). dK dV: a keep-bit producer
+  // warpgroup at tile 64 (keep_producer), the math warpgroups at tile 128 (tiles::dkdv_sm90_keep_producer).
   k.dropout = dropout;
 
   // ---- forward ----
