@@ -161,6 +161,16 @@ def fmt_tps(v, unit=None):
     return f"{v / 1e6:.2f}M" if unit == 1e6 or v >= 1e6 else f"{v:,.0f}"
 
 
+def model_text(cfg):
+    """The training examples' model and step, from their --json "config"."""
+    parts = [f"{cfg['layers']} layers" if "layers" in cfg else None,
+             f"{cfg['heads']}/{cfg['kv_heads']} heads of {cfg['head_dim']}" if "heads" in cfg else None,
+             f"context {cfg['context']}" if "context" in cfg else None,
+             f"batch {cfg['batch']}" if "batch" in cfg else None,
+             {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(cfg.get("dtype"), cfg.get("dtype"))]
+    return ", ".join(p for p in parts if p) or "configuration not recorded"
+
+
 def fwd_flop(shape):
     b, s, hq, d, win = SHAPES[shape]
     pairs = sum(min(i + 1, win + 1) if win >= 0 else i + 1 for i in range(s))
@@ -386,8 +396,8 @@ class Dashboard:
             res = o["benchmark"]
             others = [k for k in ("eager", "flex_attention") if res.get(k)]
             out.append(
-                f"| HF transformers GPT-OSS (4 layers, 8/2 heads of 64, context 4096, batch 2, bf16 autocast), training "
-                f"tokens/s | {run.short} | {fmt_tps(res['sinkattn'])} | "
+                f"| HF transformers GPT-OSS ({model_text(o.get('config', {}))}), training tokens/s | {run.short} | "
+                f"{fmt_tps(res['sinkattn'])} | "
                 + ", ".join(f"{k} {fmt_tps(res[k])}" for k in others) + " | "
                 + ", ".join(f"{res['sinkattn'] / res[k]:.2f}x {k}" for k in others)
                 + f" | none open | — | {run.cell()} |")
@@ -395,8 +405,7 @@ class Dashboard:
             s, ref = o["sinkattn"]["train_step_tokens_per_s"], o["reference"]["train_step_tokens_per_s"]
             x = o.get("train_step_speedup", s / ref)  # a transcribed run keeps its log's ratio of unrounded values
             out.append(
-                f"| JAX example LM (4 layers, 8/2 heads of 64, context 4096, batch 4, bf16), training tokens/s | "
-                f"{run.short} | {fmt_tps(s, 1e6)} | pure-JAX reference attention {fmt_tps(ref, 1e6)} | {x:.1f}x reference "
+                f"| JAX example LM ({model_text(o.get('config', {}))}), training tokens/s | {run.short} | {fmt_tps(s, 1e6)} | pure-JAX reference attention {fmt_tps(ref, 1e6)} | {x:.1f}x reference "
                 f"| none open | — | {run.cell()} |")
         return out
 
