@@ -3,6 +3,8 @@
 // A100, a build without sm_90a code), for the layers of bench/RESULTS.md and the rules' edge cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "cuda/dispatch.hpp"
@@ -668,6 +670,18 @@ TEST(CudaDispatch, RulesTextNamesTheSwitches) {
                         "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE", "SINKATTN_CUDA_DQ_ATOMICS",
                         "SINKATTN_CUDA_FWD_SECTION"})
     EXPECT_TRUE(has(r, s)) << s;
+}
+
+// The compiled head-dim tiles are one list (tiles::kHeadDimTiles): the rules text and the tile text name each, and
+// each tile is where its own head dim lands.
+TEST(CudaDispatch, TileTextFollowsTheTileList) {
+  const std::string r = dispatch_rules(), t = head_dim_tiles_text(" ");
+  for (int tile : tiles::kHeadDimTiles) {
+    EXPECT_TRUE(has(t, std::to_string(tile))) << tile;
+    EXPECT_EQ(tiles::head_dim_tile(tile, tile), tile);
+  }
+  EXPECT_TRUE(has(r, "of " + t + ";")) << r;
+  EXPECT_EQ(std::count(t.begin(), t.end(), ' ') + 1, static_cast<long>(std::size(tiles::kHeadDimTiles)));
 }
 
 }  // namespace

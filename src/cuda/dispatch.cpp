@@ -279,9 +279,15 @@ std::string KernelChoice::summary(Pass pass) const {
   return s;
 }
 
+std::string head_dim_tiles_text(const char* sep) {
+  std::string s;
+  for (int t : tiles::kHeadDimTiles) s += (s.empty() ? "" : sep) + std::to_string(t);
+  return s;
+}
+
 std::string dispatch_rules() {
   return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
-         ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
+         ">= max(d, d_v) of " + head_dim_tiles_text(" ") + "; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
          "library carries sm_90a code, for tiles 64 and 128 (the warp-specialised forward without bias or dropout also "
          "for 192 and 256, 64 keys per step there; bias: the warp-specialised forward and the dK dV kernel, "
          "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "

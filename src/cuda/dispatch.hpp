@@ -130,4 +130,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
 // The rules choose_kernels applies, as text (for `sinkattn info`).
 std::string dispatch_rules();
 
+// tiles::kHeadDimTiles as text, the entries joined by `sep` ("32 64 96 128 192 256"), for messages and reports.
+std::string head_dim_tiles_text(const char* sep);
+
 }  // namespace sinkattn::cuda
