@@ -404,8 +404,9 @@ class Dashboard:
         for run, o in self.latest(lambda r: r.tool("train_sink_lm.py")):
             s, ref = o["sinkattn"]["train_step_tokens_per_s"], o["reference"]["train_step_tokens_per_s"]
             x = o.get("train_step_speedup", s / ref)  # a transcribed run keeps its log's ratio of unrounded values
+            unit = 1e6 if s >= 1e6 else None  # both in one unit
             out.append(
-                f"| JAX example LM ({model_text(o.get('config', {}))}), training tokens/s | {run.short} | {fmt_tps(s, 1e6)} | pure-JAX reference attention {fmt_tps(ref, 1e6)} | {x:.1f}x reference "
+                f"| JAX example LM ({model_text(o.get('config', {}))}), training tokens/s | {run.short} | {fmt_tps(s, unit)} | pure-JAX reference attention {fmt_tps(ref, unit)} | {x:.1f}x reference "
                 f"| none open | — | {run.cell()} |")
         return out
 
