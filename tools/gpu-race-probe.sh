@@ -17,7 +17,7 @@ SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 SUITE_ARGS=${SUITE_ARGS:---small --no-cases --sweep 4 --seed 121303 --only 1}
 LIMIT=${LIMIT:-40}
-VARIANTS=${VARIANTS:-"default: ws0:SINKATTN_CUDA_FWD_WS=0 ws2:SINKATTN_CUDA_FWD_WS=2 nopersist:SINKATTN_CUDA_FWD_WS_PERSISTENT=0 notma:SINKATTN_CUDA_NO_TMA=1 opt-nomemcpy:--racecheck-memcpy-async=no"}
+VARIANTS=${VARIANTS:-"default: no90:SINKATTN_CUDA_NO_SM90=1 notma:SINKATTN_CUDA_NO_TMA=1 nopdl:SINKATTN_CUDA_NO_PDL=1 opt-nomemcpy:--racecheck-memcpy-async=no"}
 export LD_LIBRARY_PATH="$PWD/$BUILD_DIR:${LD_LIBRARY_PATH:-}"
 # shellcheck disable=SC2086
 "$SUITE" $SUITE_ARGS -v >"$OUT/plain.log" 2>&1

@@ -452,7 +452,12 @@ class CudaBackend final : public Backend {
   }
 
   std::string describe() const override {
-    std::string s = "cuda: sm_80+ FlashAttention-2-style kernels (mma.sync m16n8k16, fp32 accumulation, cp.async)\n";
+#ifdef SINKATTN_CUDA_SM90A
+    std::string s = "cuda: sm_80+ kernels (mma.sync, cp.async) and Hopper sm_90a kernels (wgmma, TMA)\n";
+#else
+    std::string s = "cuda: sm_80+ kernels (mma.sync, cp.async); Hopper kernels not built (CMAKE_CUDA_ARCHITECTURES "
+                    "without 90a)\n";
+#endif
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
       cudaGetLastError();
@@ -468,24 +473,23 @@ class CudaBackend final : public Backend {
       const std::string no90 = cuda::hopper_unavailable(dp, cuda::switches_from_env());
       s += "  device " + std::to_string(i) + ": " + prop.name + ", sm_" + std::to_string(prop.major) +
            std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
-           std::to_string(prop.totalGlobalMem >> 20) + " MiB; Hopper kernels: " +
+           std::to_string(prop.totalGlobalMem >> 30) + " GiB; Hopper kernels: " +
            (no90.empty() ? std::string("yes") : "no, " + no90) + "\n";
     }
-    s += "  dtypes: fp16, bf16 (tensor cores); fp32 (plain SIMT fp32 kernels, deterministic, slow)\n";
-    s += "  head dims: multiples of 8 up to 256 (d and d_v may differ), tiles " + cuda::head_dim_tiles_text(" ") + "\n";
-    s += "  kernels: sm_80 FlashAttention-2-style forward, dq, dK/dV (mma.sync); Hopper (sm_90a) forward and dK/dV + "
-         "fused dq on warpgroup MMA (wgmma) with TMA tile loads";
-#ifdef SINKATTN_CUDA_SM90A
-    s += "\n";
-#else
-    s += " (not built: CMAKE_CUDA_ARCHITECTURES without 90a)\n";
-#endif
-    s += "  " + cuda::dispatch_rules() + "\n";
-    s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
-         "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
-         "dropout (Philox, bit-identical to CPU), d_lse\n";
+    s += "  dtypes: fp16, bf16 (tensor cores); fp32 (SIMT kernels: deterministic, slow)\n";
+    s += "  head dims: up to 256, d and d_v may differ; fp16 / bf16: multiples of 8, on the kernels of the smallest "
+         "tile >= max(d, d_v) of " + cuda::head_dim_tiles_text(" ") + "\n";
+    s += "  features: vanilla / off_by_one / learnable sinks; dense, padded and varlen batches (seqused_kv); "
+         "strided layouts; GQA / MQA; windows and causal (both alignments); bias and d_bias; dropout (Philox, "
+         "bit-identical to the CPU backend); d_lse; paged KV; split-KV decode\n";
     return s;
   }
+
+  const sinkattn_kernel_family_t* kernel_families(int* count) const override {
+    return cuda::kernel_families(count);
+  }
+
+  const sinkattn_switch_t* switches(int* count) const override { return cuda::switch_docs(count); }
 };
 
 }  // namespace

@@ -6,6 +6,15 @@ interface), trained and run with the fused sink forward and backward.
     model = AutoModelForCausalLM.from_config(GptOssConfig(...), attn_implementation="sinkattn")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sinkattn")
 
+One config object per model: transformers keeps the attention implementation in the model's config, and
+``from_config(cfg, attn_implementation=...)`` (also ``GptOssForCausalLM._from_config``) uses ``cfg`` itself, not a
+copy. A second model built from the same config object with another ``attn_implementation`` therefore switches the
+first model's attention as well, silently (seen with transformers 5.25: an "eager" model then runs "sinkattn").
+To compare sinkattn with another implementation, give each model its own config::
+
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sinkattn")
+
 ``register`` adds ``attention_forward`` to ``transformers.AttentionInterface`` and FlashAttention's mask function
 (a 2-D padding mask or None: no dense mask is built) to ``AttentionMaskInterface`` under a name without "flash"
 (transformers swaps names containing it for GPT-OSS to its own kernels). What reaches the attention function:
