@@ -236,6 +236,7 @@ def hf_checks(group, device):
 
 def run(rank, world, init_file, out_file, device, with_hf):
     torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # localhost, whatever the host name resolves to
     if device == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{init_file}", rank=rank,
