@@ -172,7 +172,7 @@ def _worker(rank, world, port, args, rows_out):
                 layout = args.ring_layout if mode == "ring" else "contiguous"
                 fn = scp.ring_attention if mode == "ring" else scp.ulysses_attention
                 # this rank's block of the global tensors (the same seeds on every rank), in the mode's layout
-                shard = lambda x: scp.shard_sequence(x, group, dim=1, layout=layout).contiguous()
+                shard = lambda x: scp.shard_sequence(x, group, dim=1, layout=layout).clone()  # frees the global
                 q = shard(randn((B, L, HQ, D), 11)).requires_grad_()
                 k = shard(randn((B, L, HKV, D), 12)).requires_grad_()
                 v = shard(randn((B, L, HKV, D), 13)).requires_grad_()
