@@ -153,6 +153,26 @@ def test_what_a_mode_cannot_do_raises(device, world):
 
 
 @pytest.mark.parametrize("device,world", CONFIGS)
+def test_ring_transfers_overlap_the_fused_calls(device, world):
+    """Double buffer (the same structure on CPU and CUDA; on CUDA the transfers run on the NCCL stream): each step's
+    K/V transfer (tag 0) is issued before the step's fused calls and waited for after them; in the backward the dk/dv
+    accumulator (tag 1) of the previous step travels during the current step's calls, and a last hop takes it home."""
+    ev = results(device, world)["__overlap__"]
+    ev = [e for i, e in enumerate(ev) if i == 0 or e != ev[i - 1] or e[0] == "issue"]  # a step's calls as one
+    cut = ev.index(("backward",))
+    fwd, bwd = ev[:cut], ev[cut + 1:]
+    issue = lambda *tags: ("issue", tags)
+    p = world
+    assert fwd == [issue(0), ("fwd",), ("wait",)] * (p - 1) + [("fwd",)], fwd
+    if p == 1:
+        assert bwd == [("bwd",)], bwd
+    else:
+        want = [issue(0), ("bwd",), ("wait",)] + [issue(0, 1), ("bwd",), ("wait",)] * (p - 2)
+        want += [issue(1), ("bwd",), ("wait",), issue(1), ("wait",)]
+        assert bwd == want, bwd
+
+
+@pytest.mark.parametrize("device,world", CONFIGS)
 def test_hf_gpt_oss_context_parallel_matches_unsharded(device, world):
     hf = results(device, world)["__hf__"]
     assert not isinstance(hf, str), hf

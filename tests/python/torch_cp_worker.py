@@ -185,6 +185,28 @@ def errors(group):
     return got
 
 
+def overlap_events(group, device):
+    """The order of the ring's transfers and fused calls (causal, zig-zag) on this rank, forward and backward:
+    [("issue", tags) | ("fwd",) | ("bwd",) | ("wait",)]: the double buffer is a transfer issued before the step's
+    calls and waited for after them."""
+    events = []
+    ex, fwd, bwd, wait = scp._RingCall.exchange, scp._RingCall.fwd, scp._RingCall.bwd, scp._wait
+    scp._RingCall.exchange = lambda self, items: events.append(("issue", tuple(i[0] for i in items))) or ex(self, items)
+    scp._RingCall.fwd = lambda self, *a: events.append(("fwd",)) or fwd(self, *a)
+    scp._RingCall.bwd = lambda self, *a: events.append(("bwd",)) or bwd(self, *a)
+    scp._wait = lambda works: (events.append(("wait",)) if works else None) or wait(works)
+    try:
+        p = dist.get_world_size(group)
+        q, k, v = (torch.randn(1, 4 * p, 2, 16, device=device).requires_grad_() for _ in range(3))
+        out = scp.ring_attention(q, k, v, group=group, causal=True, layout="zigzag",
+                                 learnable_sink=torch.zeros(2, device=device))
+        events.append(("backward",))
+        out.sum().backward()
+    finally:
+        scp._RingCall.exchange, scp._RingCall.fwd, scp._RingCall.bwd, scp._wait = ex, fwd, bwd, wait
+    return events
+
+
 def hf_checks(group, device):
     """HF GPT-OSS (test_torch_hf's tiny config: a sliding layer and a full layer) with its sequence split over the
     group, both modes, against the unsharded model with attn_implementation="sinkattn": {mode: (loss, reference
@@ -256,6 +278,7 @@ def run(rank, world, init_file, out_file, device, with_hf):
             if os.environ.get("SINKATTN_CP_TEST_TIMES"):
                 print(f"rank {rank}: {name} {time.perf_counter() - t0:.2f} s", flush=True)
         results["__errors__"] = errors(group)
+        results["__overlap__"] = overlap_events(group, device)
         if with_hf:
             t0 = time.perf_counter()
             try:
