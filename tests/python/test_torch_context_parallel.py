@@ -173,6 +173,12 @@ def test_ring_transfers_overlap_the_fused_calls(device, world):
 
 
 @pytest.mark.parametrize("device,world", CONFIGS)
+def test_autocast_runs_in_the_autocast_dtype(device, world):
+    got = results(device, world)["__autocast__"]
+    assert got == {"ring": (torch.bfloat16, torch.float32), "ulysses": (torch.bfloat16, torch.float32)}, got
+
+
+@pytest.mark.parametrize("device,world", CONFIGS)
 def test_hf_gpt_oss_context_parallel_matches_unsharded(device, world):
     hf = results(device, world)["__hf__"]
     assert not isinstance(hf, str), hf

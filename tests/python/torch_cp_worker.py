@@ -207,6 +207,21 @@ def overlap_events(group, device):
     return events
 
 
+def autocast_dtypes(group, device):
+    """Under torch.autocast (bf16), float32 q / k with a bf16 v (what GPT-OSS's rotary embedding hands a bf16
+    layer): both modes run in bf16; returns {mode: (out dtype, grad dtype of q)}."""
+    p = dist.get_world_size(group)
+    got = {}
+    for name, fn in (("ring", scp.ring_attention), ("ulysses", scp.ulysses_attention)):
+        q, k = (torch.randn(1, 4 * p, 2 * p, 16, device=device).requires_grad_() for _ in range(2))
+        v = torch.randn(1, 4 * p, 2 * p, 16, device=device).to(torch.bfloat16).requires_grad_()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = fn(q, k, v, group=group, causal=True, learnable_sink=torch.zeros(2 * p, device=device))
+        out.float().sum().backward()
+        got[name] = (out.dtype, q.grad.dtype)
+    return got
+
+
 def hf_checks(group, device):
     """HF GPT-OSS (test_torch_hf's tiny config: a sliding layer and a full layer) with its sequence split over the
     group, both modes, against the unsharded model with attn_implementation="sinkattn": {mode: (loss, reference
@@ -279,6 +294,7 @@ def run(rank, world, init_file, out_file, device, with_hf):
                 print(f"rank {rank}: {name} {time.perf_counter() - t0:.2f} s", flush=True)
         results["__errors__"] = errors(group)
         results["__overlap__"] = overlap_events(group, device)
+        results["__autocast__"] = autocast_dtypes(group, device)
         if with_hf:
             t0 = time.perf_counter()
             try:

@@ -45,6 +45,7 @@ so every rank's ``sinks.grad`` is the gradient of the sum of all ranks' losses, 
 ranks (DDP or FSDP over a mesh that includes them, as for every other weight of the model: the HF route of
 :mod:`sinkattn.torch.hf` does this), or the sink's gradient is counted p times.
 
+Under ``torch.autocast`` q, k and v run in the autocast dtype (as in ``sinkattn.torch.dot_product_attention``).
 Not supported (raise): bias, dropout, and in the ring two-sided windows, a window without causal, sliding windows
 with THD. Shapes and dtypes as ``flash_attn_func`` / ``flash_attn_varlen_func`` (sinkattn.torch.attention).
 """
@@ -60,7 +61,7 @@ import torch.distributed as dist
 from .. import _context_parallel as _cp
 from .._context_parallel import ring_schedule, ulysses_kv_replication, zigzag_order
 from . import _ops
-from .attention import _check, _int32, _window, dot_product_attention
+from .attention import _autocast, _check, _int32, _window, dot_product_attention
 
 __all__ = ["ulysses_attention", "ring_attention", "ring_schedule", "ulysses_kv_replication", "zigzag_order",
            "zigzag_permute", "zigzag_unpermute", "shard_sequence", "gather_sequence"]
@@ -337,6 +338,7 @@ def ulysses_attention(
         rep = ulysses_kv_replication(n_q, n_kv, p)
     except ValueError as e:
         raise ValueError(f"sinkattn: {e}") from None
+    q, k, v = _autocast(q, k, v)  # under torch.autocast: the autocast dtype before the all-to-all (half the bytes)
     if rep > 1:  # autograd sums the replicas' dk / dv back into each KV head
         k = k.repeat_interleave(rep, dim=head_ax)
         v = v.repeat_interleave(rep, dim=head_ax)
@@ -802,6 +804,9 @@ def ring_attention(
     cx = _RingCall(group=group, p=p, r=r, plan=plan, varlen=varlen, slots=slots, rows=t_loc // slots,
                    softmax_type=_ops.SOFTMAX_TYPES[softmax_type], scale=scale, deterministic=bool(deterministic),
                    reduce_d_sinks=bool(reduce_d_sinks), cu=cu_slot, max_seqlen=max_slot)
+    q, k, v = _autocast(q, k, v)  # under torch.autocast: the autocast dtype, as dot_product_attention
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    _check(q.dtype == k.dtype == v.dtype, lambda: f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}",
+           TypeError)
     out, lse = _Ring.apply(q, k, v, sinks, cx)
     return (out, lse) if return_lse else out
