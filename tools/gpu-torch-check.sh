@@ -76,10 +76,11 @@ if has examplebench; then
 fi
 if has cp; then
   t0=$(date +%s)
-  (cd /tmp && NCCL_NVLS_ENABLE=0 JAX_PLATFORMS=cpu timeout "${CP_PYTEST_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider \
-    "$OLDPWD"/tests/python/test_torch_context_parallel.py) >"$OUT/torch_cp_pytest.log" 2>&1
+  (cd /tmp && NCCL_NVLS_ENABLE=0 JAX_PLATFORMS=cpu timeout "${CP_PYTEST_TIMEOUT:-540}" $PY -m pytest -q \
+    -p no:cacheprovider "$OLDPWD"/tests/python/test_torch_context_parallel.py) >"$OUT/torch_cp_pytest.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
-  note "torch context-parallel pytest (gloo + NCCL): rc=$rc in $(($(date +%s) - t0)) s; $(tail -1 "$OUT/torch_cp_pytest.log")"
+  note "torch context-parallel pytest (gloo + NCCL): rc=$rc in $(($(date +%s) - t0)) s;" \
+    "$(tail -1 "$OUT/torch_cp_pytest.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/torch_cp_pytest.log" | head -30 | tee -a "$SUMMARY"
 fi
 if has cpbench; then
