@@ -135,6 +135,25 @@ def test_sinkattn_path_traces(one_device):
     assert out.shape == (2, SEQ, HEADS, HEAD_DIM) and out.dtype == jnp.float32
 
 
+def test_prefill_matches_dot_product(one_device):
+    """model_mode='prefill' (a prompt's forward) through sinkattn equals MaxText's dot_product prefill."""
+    cfg, mesh = one_device
+    seg = make_batch(True)["inputs_segmentation"]
+    q, k, v, sinks, _ = _inputs()
+    model = Model.__new__(Model)
+    model.config, model.mesh = cfg, mesh
+    outs = {}
+    for kernel in ("sinkattn", "dot_product"):
+        op = _op(cfg, mesh, kernel, "local_sliding")
+        with model.context():
+            out, _, local_sum = jax.jit(lambda q, k, v, s, op=op: op.apply_attention(
+                query=q, key=k, value=v, decoder_segment_ids=seg, segment_positions=None, lengths=None,
+                model_mode="prefill", sinks=s, qk_product_einsum=jnp.einsum, wv_product_einsum=jnp.einsum))(
+                    q, k, v, sinks)
+        outs[kernel] = np.asarray(out if local_sum is None else out / local_sum)
+    np.testing.assert_allclose(outs["sinkattn"], outs["dot_product"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("op_kw,call_kw,match", [
     (dict(attn_logits_soft_cap=30.0), {}, "soft-capping"),
     (dict(attention_type="chunk", chunk_attn_window_size=8), {}, "attention_type='chunk'"),
