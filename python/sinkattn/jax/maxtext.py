@@ -84,11 +84,17 @@ def installed() -> bool:
 
 
 def _maxtext_version() -> str:
+    """The installed distribution's version, else (a source tree on sys.path) maxtext/version.py's."""
     try:
         return importlib.metadata.version("maxtext")
-    except importlib.metadata.PackageNotFoundError as e:
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        from maxtext.version import __version__  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
         raise ImportError("sinkattn.jax.maxtext: MaxText is not installed (pip install maxtext=="
                           f"{TESTED_MAXTEXT_VERSIONS[-1]})") from e
+    return __version__
 
 
 def install(*, context_parallel: str = "auto") -> None:
