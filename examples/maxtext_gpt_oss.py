@@ -191,7 +191,8 @@ def train(a, log=print):
             if not ok:
                 return 1
         elif (step + 1) % a.log_every == 0 or step + 1 == a.steps:
-            log(f"step {step + 1:4d}: loss {loss:.4f}  ({step * a.batch * a.context / (time.perf_counter() - t0):,.0f} tok/s)")
+            tps = step * a.batch * a.context / (time.perf_counter() - t0)
+            log(f"step {step + 1:4d}: loss {loss:.4f}  ({tps:,.0f} tok/s)")
     sinks_after = sinks_of(trainer.params)
     moved = True
     for layer in sorted(sinks_before):
@@ -232,7 +233,8 @@ def benchmark(a, log=print):
             jax.block_until_ready(loss)
             tps = a.bench_steps * a.batch * a.context / (time.perf_counter() - t0)
             res[name] = {"train_tokens_per_s": tps, "first_step_s": compile_s, "loss": float(loss)}
-            log(f"  {name:>11}: {tps:12,.0f} tok/s  (first step incl. compile {compile_s:.1f} s, loss {float(loss):.4f})")
+            log(f"  {name:>11}: {tps:12,.0f} tok/s  (first step incl. compile {compile_s:.1f} s, "
+                f"loss {float(loss):.4f})")
             del trainer
         except Exception as e:  # e.g. the unfused path running out of memory: reported, not hidden
             res[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}

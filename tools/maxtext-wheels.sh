@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Downloads (here, with network) the wheels tools/gpu-maxtext-check.sh installs on a GPU machine (no network):
 # those of tools/maxtext-requirements.txt except the ones a GPU machine with JAX already has (jax, jaxlib, numpy,
-# ml_dtypes, scipy, opt_einsum) and pytest (with its own iniconfig and pluggy), for that machine's Python (PYVER, default 3.12; MaxText needs >= 3.12)
-# on x86-64 Linux, into .whl/maxtext/ (git-ignored), split in parts of at most PART_MIB (default 56) MiB:
-# .whl/maxtext/part1, part2, ... so that each fits one device call's carry (64 MiB); carry them in consecutive calls
-# to the same warm machine (tools/gpu-maxtext-check.sh installs what each call brings). SKIP: more names (regex,
-# e.g. 'flax|optax') the GPU machine already has.
+# ml_dtypes, scipy, opt_einsum) and pytest (with iniconfig and pluggy), for that machine's Python (PYVER, default
+# 3.12; MaxText needs >= 3.12) on x86-64 Linux, into .whl/maxtext/ (git-ignored), split in parts of at most
+# PART_MIB (default 56) MiB: .whl/maxtext/part1, part2, ... so that each fits one device call's carry (64 MiB);
+# carry them in consecutive calls to the same warm machine (tools/gpu-maxtext-check.sh installs what each call
+# brings). SKIP: more names (regex, e.g. 'flax|optax') the GPU machine already has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}
