@@ -103,6 +103,8 @@ def maxtext_config(attention, a, **extra):
         base_num_decoder_layers=a.layers, vocab_size=a.vocab, sliding_window_size=a.window,
         max_target_length=a.context, per_device_batch_size=a.batch / jax.device_count(),
         dtype=a.dtype, weight_dtype="float32",
+        # float32 runs check sinkattn against dot_product: MaxText's einsums in full fp32 (no TF32 on the GPU)
+        matmul_precision="highest" if a.dtype == "float32" else "default",
         sparse_matmul=False,  # MaxText's dense MoE path (its sparse path wants TPU / megablox kernels)
         hardware="gpu" if on_gpu else "cpu", skip_jax_distributed_system=True, enable_checkpointing=False,
         dataset_type="synthetic", run_name="maxtext_gpt_oss_example",
