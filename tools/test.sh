@@ -11,3 +11,4 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 .venv/bin/python -m pip install -q --no-build-isolation . --config-settings=cmake.define.SINKATTN_ENABLE_CUDA=OFF \
   --config-settings=cmake.define.SINKATTN_BUILD_TORCH=ON
 XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=8}" .venv/bin/python -m pytest tests/python -q
+tools/test-maxtext.sh  # the MaxText route (sinkattn.jax.maxtext) in its own Python 3.12 environment
