@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Baselines for bench/RESULTS.md: torch scaled_dot_product_attention (no sinks, its fastest backend) and
+"""Anchors for bench/RESULTS.md: torch scaled_dot_product_attention (no sinks, its fastest backend) and
 FlexAttention with the sink applied through its LSE (out * sigmoid(lse - sink), torch.compile'd), forward and
 forward + backward, bf16, b=2, s=4096, causal, on the shapes of `sinkattn bench --backend cuda`:
 GPT-OSS full layer (h_q 64, h_kv 8, d 64, sinks), GPT-OSS sliding layer (window 127), MHA (h 32, d 128), and the
 rows issue 12 adds: head dim 256 (h 16) and one sequence of 16384 tokens (b 1) of the GPT-OSS full and MHA layers.
 FlexAttention runs on the three layers only (its compilation per shape is the longest part of a run).
-Usage: bench_torch.py [NAME-SUBSTRING ...] (default: every shape).
+Usage: bench_torch.py [NAME-SUBSTRING ...] [--json FILE] (default: every shape). --json also writes the rows as JSON
+(the GPU, torch's version, the UTC time, the command, one object per shape and method), the input of
+tools/results_dashboard.py, which builds bench/RESULTS.md.
 With the sinkattn PyTorch operators installed (sinkattn.torch), in the same run: sinkattn through its PyTorch API
 (flash_attn_func, autograd), and the operators torch.ops.sinkattn.fwd / bwd against the C ABI calls they wrap
 (sinkattn_forward / sinkattn_backward through ctypes on the same tensors and stream, bench/torch_cabi.py): the
@@ -15,6 +17,8 @@ adds on the GPU: extra kernels, copies, a host cost that outlasts the GPU's), an
 alone after a synchronisation (the host time of each call counts: issue 11 bounds it separately, at 15 us).
 FLOPs: forward 4 * b * h_q * d * visible pairs, backward 2.5x (forward + backward = 3.5x).
 Times: CUDA events, median of `reps` after warm-up, inputs rotated over 3 sets."""
+import datetime
+import json
 import math
 import os
 import sys
@@ -36,6 +40,7 @@ SHAPES = [
     ("mha-d128-16k", 1, 16384, 32, 32, 128, -1, False),
 ]
 FLEX_SHAPES = ("gpt-oss-full", "gpt-oss-sliding", "mha-d128")
+ROWS = []  # what --json writes: one dict per (shape, method)
 
 
 def visible_pairs(s, window):
@@ -77,12 +82,19 @@ def bench_pipelined(fn, sets, reps=20, warmup=3):
     return e0.elapsed_time(e1) / reps
 
 
-def main():
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_path = None
+    if "--json" in argv:
+        i = argv.index("--json")
+        json_path = argv[i + 1]
+        del argv[i:i + 2]
     dev = "cuda"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print(f"{'shape':16s} {'method':22s} {'fwd ms':>8s} {'fwd TF/s':>9s} {'f+b ms':>8s} {'bwd TF/s':>9s}")
     flex = torch.compile(flex_attention) if flex_attention is not None else None
-    only = sys.argv[1:]
+    only = argv
     for name, b, s, hq, hkv, d, win, sinks in SHAPES:
         if only and not any(o in name for o in only):
             continue
@@ -90,12 +102,14 @@ def main():
         sets = random_sets((b, hq, s, d), (b, hkv, s, d), dev)  # BHSD, as SDPA and FlexAttention take them
         sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=sinks)
 
-        def report(method, f_fwd, f_fb):
+        def report(method, f_fwd, f_fb, key, note=""):
             tf = bench(f_fwd, sets)
             tfb = bench(f_fb, sets)
             tb = max(tfb - tf, 1e-6)
             print(f"{name:16s} {method:22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
                   f"{2.5 * fwd_flop / tb * 1e-9:9.1f}", flush=True)
+            ROWS.append(dict(shape=name, method=key, fwd_ms=tf, fb_ms=tfb, bwd_ms=tfb - tf,
+                             fwd_tflops=fwd_flop / tf * 1e-9, bwd_tflops=2.5 * fwd_flop / tb * 1e-9, note=note))
 
         # torch SDPA without sinks (causal; the window cannot be expressed without a dense mask, so the sliding
         # shape runs full causal here and is marked as such).
@@ -108,7 +122,8 @@ def main():
             o.backward(g)
 
         try:
-            report("sdpa (no sink)" + (" causal!" if win >= 0 else ""), sdpa_fwd, sdpa_fb)
+            report("sdpa (no sink)" + (" causal!" if win >= 0 else ""), sdpa_fwd, sdpa_fb, "sdpa",
+                   "no sink" + (", full causal (no window)" if win >= 0 else ""))
         except Exception as e:  # noqa: BLE001
             print(f"{name:16s} sdpa failed: {e}")
 
@@ -142,7 +157,7 @@ def main():
             flex_sink(q, k, v).backward(g)
 
         try:
-            report("flex + sink via lse", flex_fwd, flex_fb)
+            report("flex + sink via lse", flex_fwd, flex_fb, "flex_sink", "sink through the LSE, torch.compile")
         except Exception as e:  # noqa: BLE001
             print(f"{name:16s} flex failed: {type(e).__name__}: {e}")
 
@@ -150,6 +165,11 @@ def main():
             sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
         except Exception as e:  # noqa: BLE001
             print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(tool="bench_torch.py", command=" ".join(["python3 bench/bench_torch.py"] + argv), date=date,
+                           gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=ROWS), f, indent=1)
+            f.write("\n")
     return 0
 
 
@@ -178,6 +198,9 @@ def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
     tf, tfb = bench(api_fwd, sets), bench(api_fb, sets)
     print(f"{name:16s} {'sinkattn (torch API)':22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
           f"{2.5 * fwd_flop / max(tfb - tf, 1e-6) * 1e-9:9.1f}", flush=True)
+    ROWS.append(dict(shape=name, method="sinkattn_torch_api", fwd_ms=tf, fb_ms=tfb, bwd_ms=tfb - tf,
+                     fwd_tflops=fwd_flop / tf * 1e-9, bwd_tflops=2.5 * fwd_flop / max(tfb - tf, 1e-6) * 1e-9,
+                     note="flash_attn_func with autograd"))
 
     lib = torch_cabi.library()
     st_type = 2 if use_sinks else 0
@@ -210,6 +233,8 @@ def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
         t_op_f, t_c_f = min(t_op_f, timer(op_f, ops_sets)), min(t_c_f, timer(c_f, c_fwd))
         t_op_b, t_c_b = timer(op_b, ops_sets), timer(c_b, c_bwd)
         t_op_b, t_c_b = min(t_op_b, timer(op_b, ops_sets)), min(t_c_b, timer(c_b, c_bwd))
+        ROWS.append(dict(shape=name, method="op_vs_c_abi", timing=how, op_fwd_ms=t_op_f, c_abi_fwd_ms=t_c_f,
+                         op_bwd_ms=t_op_b, c_abi_bwd_ms=t_c_b))
         print(f"{name:16s} {'op / C ABI, ' + how:22s} fwd {t_op_f:.3f} / {t_c_f:.3f} ms ({t_op_f / t_c_f:.3f}x, "
               f"{fwd_flop / t_op_f * 1e-9:.1f} / {fwd_flop / t_c_f * 1e-9:.1f} TF/s); bwd {t_op_b:.3f} / {t_c_b:.3f} "
               f"ms ({t_op_b / t_c_b:.3f}x, {2.5 * fwd_flop / t_op_b * 1e-9:.1f} / "

@@ -33,6 +33,11 @@ struct BenchOptions {
 };
 int cmd_bench(const BenchOptions& o);
 
-int cmd_info();
+struct InfoOptions {
+  bool verbose = false;            // the full rule of every kernel family, when to use every switch
+  bool json = false;               // everything as one JSON object
+  bool switches_markdown = false;  // the switch table as markdown (docs/DESIGN.md's)
+};
+int cmd_info(const InfoOptions& o);
 
 }  // namespace sinkattn::cli

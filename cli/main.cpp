@@ -56,7 +56,16 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--forward-only", bench.forward_only, "skip the backward");
   bench_cmd->add_flag("--deterministic", bench.deterministic, "deterministic backward");
 
-  app.add_subcommand("info", "Version, backends, devices and what each backend supports");
+  InfoOptions info;
+  auto* info_cmd = app.add_subcommand(
+      "info", "Version, backends, devices, dtypes, head dims, kernel families and environment switches");
+  auto* verbose_opt = info_cmd->add_flag("--verbose,-v", info.verbose,
+                                         "the full rule of every kernel family and when to use every switch");
+  auto* json_opt = info_cmd->add_flag("--json", info.json, "everything as one JSON object");
+  info_cmd->add_flag("--switches-markdown", info.switches_markdown,
+                     "the environment switch table as markdown (docs/DESIGN.md shows it)")
+      ->excludes(verbose_opt)
+      ->excludes(json_opt);
 
   try {
     app.parse(argc, argv);
@@ -75,7 +84,7 @@ int main(int argc, char** argv) {
       return cmd_check(check);
     }
     if (*bench_cmd) return cmd_bench(bench);
-    return cmd_info();
+    return cmd_info(info);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "sinkattn: error: %s\n", e.what());

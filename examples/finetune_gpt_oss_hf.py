@@ -23,6 +23,7 @@ at --context (default 4096 with --benchmark).
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import math
@@ -224,7 +225,9 @@ def benchmark(a, log=print):
     for other in impls[1:]:
         if res.get(other) and res.get("sinkattn"):
             log(f"  sinkattn / {other}: {res['sinkattn'] / res[other]:.2f}x")
-    return {"benchmark": res, "config": vars(a)}
+    return {"tool": "finetune_gpt_oss_hf.py", "device": dev_name,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "torch": torch.__version__, "benchmark": res, "config": vars(a)}
 
 
 def parse_args(argv=None):
@@ -270,6 +273,8 @@ def parse_args(argv=None):
 def main(argv=None, log=print):
     a = parse_args(argv)
     res = benchmark(a, log) if a.benchmark else train(a, log)
+    if a.benchmark:
+        res["command"] = " ".join(["python3 examples/finetune_gpt_oss_hf.py"] + list(sys.argv[1:] if argv is None else argv))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -29,6 +29,7 @@ Exit status 1 when the reference check fails, when the loss does not go down, or
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import hashlib
 import json
@@ -383,6 +384,8 @@ def benchmark(cfg, log=print, steps=10):
         log(f"  {name:>9}: train step {train_tps:12,.0f} tok/s;  attention fwd+bwd (one layer): "
             + ", ".join(f"{kk} {vv:,.0f} tok/s" for kk, vv in row.items()))
     log(f"  speedup (train step): {res['sinkattn']['train_step_tokens_per_s'] / res['reference']['train_step_tokens_per_s']:.2f}x")
+    res.update(tool="train_sink_lm.py", device=jax.devices()[0].device_kind,
+               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), config=dict(cfg))
     return res
 
 
@@ -431,6 +434,7 @@ def main(argv=None, log=print):
     a, cfg = parse_args(argv)
     if a.benchmark:
         result = benchmark(cfg, log)
+        result["command"] = " ".join(["python3 examples/train_sink_lm.py"] + list(sys.argv[1:] if argv is None else argv))
         ok = True
     else:
         result = train(cfg, log)

@@ -3,6 +3,8 @@
 // A100, a build without sm_90a code), for the layers of bench/RESULTS.md and the rules' edge cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "cuda/dispatch.hpp"
@@ -44,7 +46,6 @@ TEST(CudaDispatch, GptOssFullOnHopper) {
   EXPECT_EQ(k.fwd_consumers, 3);
   EXPECT_EQ(k.fwd_block_m, 192);
   EXPECT_EQ(k.fwd_block_n, 128);
-  EXPECT_TRUE(k.fwd_persistent);
   EXPECT_EQ(k.fwd_sms, 0);  // kH200 gives no SM count: the launcher asks the device
   DeviceProps h200_sms = kH200;
   h200_sms.sms = 132;
@@ -143,7 +144,7 @@ TEST(CudaDispatch, WideTileBackwardOnHopper) {
 }
 
 // The Hopper dK dV kernel's query rows per step (tiles::dkdv_sm90_block_m): 128 at tile 64 without bias or dropout
-// (deterministic or not), 64 at tile 128 and for the bias / dropout variants; SINKATTN_CUDA_DKDV_BM=64 forces 64.
+// (deterministic or not), 64 at tile 128 and for the bias / dropout variants.
 TEST(CudaDispatch, DkvQueryRowsPerStep) {
   Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).dkdv_block_m, 128);
@@ -152,14 +153,9 @@ TEST(CudaDispatch, DkvQueryRowsPerStep) {
   EXPECT_EQ(k.dq, DqPath::kFusedOrdered);
   EXPECT_EQ(k.dkdv_block_m, 128);
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma), tile 128 x 128, TMA"));
-  Switches bm64;
-  bm64.dkdv_block_m = 64;
-  EXPECT_EQ(choose_kernels(c, kH200, bm64).dkdv_block_m, 64);
-  Switches bm128;  // 128 is the rule's to give: no effect where the rule says 64
-  bm128.dkdv_block_m = 128;
   Call b = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
   b.plan.bias = Use::kRequired;
-  k = choose_kernels(b, kH200, bm128);
+  k = choose_kernels(b, kH200, Switches{});
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dkdv_block_m, 64);
   Call d = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
@@ -171,19 +167,21 @@ TEST(CudaDispatch, DkvQueryRowsPerStep) {
             64);
 }
 
-TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
+TEST(CudaDispatch, DqReduceAddAndNoTma) {
   const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
-  Switches sw;
-  sw.dq_atomics = true;
-  KernelChoice k = choose_kernels(c, kH200, sw);
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
+  EXPECT_TRUE(k.dq_tma);
+  EXPECT_EQ(k.summary(Pass::kBackward),
+            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (TMA reduce-add of fp32 tiles; atomics for partial "
+            "query blocks), programmatic dependent launch");
+  Switches sw;
+  sw.no_tma = true;  // no TMA at all: no reduce-adds either
+  k = choose_kernels(c, kH200, sw);
   EXPECT_FALSE(k.dq_tma);
   EXPECT_EQ(k.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused (fp32 atomics), programmatic dependent launch");
-  sw = Switches{};
-  sw.no_tma = true;  // no TMA at all: no reduce-adds either
-  EXPECT_FALSE(choose_kernels(c, kH200, sw).dq_tma);
-  Call det = c;  // the deterministic dq adds in a fixed order, by the same reduce-adds (and their switch)
+            "hopper dK dV (wgmma), tile 128 x 128, cp.async, dq fused (fp32 atomics), programmatic dependent launch");
+  Call det = c;  // the deterministic dq adds in a fixed order, by the same reduce-adds
   det.deterministic = true;
   const KernelChoice kd = choose_kernels(det, kH200, Switches{});
   EXPECT_EQ(kd.dq, DqPath::kFusedOrdered);
@@ -192,12 +190,10 @@ TEST(CudaDispatch, DqReduceAddAndItsSwitch) {
             "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
             "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks), programmatic "
             "dependent launch");
-  sw = Switches{};
-  sw.dq_atomics = true;
   const KernelChoice kda = choose_kernels(det, kH200, sw);
   EXPECT_FALSE(kda.dq_tma);
   EXPECT_EQ(kda.summary(Pass::kBackward),
-            "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
+            "hopper dK dV (wgmma), tile 128 x 128, cp.async, dq fused in a fixed order (per-(query head, query block) "
             "semaphores, deterministic), programmatic dependent launch");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
@@ -246,33 +242,29 @@ TEST(CudaDispatch, ShortWindowForwardStaysOnSm80) {
   // A window on one side only is not short.
   EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 10, -1), kH200, Switches{}).fwd,
             FwdKernel::kSm90Ws);
-  // SINKATTN_CUDA_FWD_WS_SHORT=1: the warp-specialised forward takes the short window too.
-  Switches sw;
-  sw.fwd_ws_short = true;
-  EXPECT_EQ(choose_kernels(c, kH200, sw).fwd, FwdKernel::kSm90Ws);
 }
 
-TEST(CudaDispatch, WarpSpecialisedForwardSwitches) {
+// The warp-specialised forward's consumer warpgroups, one count per variant (tiles::sm90_ws_*_consumers; launch.cuh
+// compiles no other): 3 at tile 64 and 2 at 128 / 192 / 256 for the plain variant, 2 for bias and for dropout.
+TEST(CudaDispatch, WarpSpecialisedForwardConsumers) {
   const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0);
-  Switches sw;
-  sw.fwd_ws = 0;  // off: the first Hopper forward
-  KernelChoice k = choose_kernels(c, kH200, sw);
-  EXPECT_EQ(k.fwd, FwdKernel::kSm90);
-  EXPECT_EQ(k.fwd_block_m, 128);
-  EXPECT_EQ(k.fwd_block_n, 64);
-  EXPECT_EQ(k.summary(Pass::kForward), "hopper fwd (wgmma), tile 128 x 64, TMA");
-  sw.fwd_ws = 2;
-  k = choose_kernels(c, kH200, sw);
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
-  EXPECT_EQ(k.fwd_consumers, 2);
-  EXPECT_EQ(k.fwd_block_m, 128);
-  sw.fwd_ws = 3;  // 3 consumers exist at head dim 64 only
-  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, -1, 0), kH200, sw).fwd_consumers, 2);
-  sw = Switches{};
-  sw.fwd_ws_persistent = false;
-  k = choose_kernels(c, kH200, sw);
-  EXPECT_FALSE(k.fwd_persistent);
-  EXPECT_FALSE(has(k.summary(Pass::kForward), "persistent"));
+  EXPECT_EQ(k.fwd_consumers, 3);
+  EXPECT_EQ(k.fwd_block_m, 192);
+  EXPECT_EQ(k.summary(Pass::kForward),
+            "hopper fwd (wgmma, warp-specialised: producer warp + 3 consumer warpgroups, persistent), tile 192 x 128, "
+            "TMA");
+  for (int64_t d : {128, 192, 256})
+    EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, d, 4096, 8, 8, -1, 0), kH200, Switches{}).fwd_consumers, 2) << d;
+  for (int64_t d : {64, 128}) {
+    Call b = make_call(SINKATTN_BF16, d, 4096, 8, 8, -1, 0);
+    b.plan.bias = Use::kRequired;
+    EXPECT_EQ(choose_kernels(b, kH200, Switches{}).fwd_consumers, 2) << d;
+    Call dr = make_call(SINKATTN_BF16, d, 4096, 8, 8, -1, 0);
+    dr.plan.dropout = true;
+    EXPECT_EQ(choose_kernels(dr, kH200, Switches{}).fwd_consumers, 2) << d;
+  }
   // Fewer query rows than a 192-row TMA box: cp.async.
   EXPECT_FALSE(choose_kernels(make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0), kH200, Switches{}).fwd_tma);
 }
@@ -338,11 +330,6 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   k = choose_kernels(c64, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_consumers, 2);  // fp32 bias, loaded per thread: the registers for its prefetch
-  Switches two, three;
-  two.fwd_ws = 2;
-  three.fwd_ws = 3;
-  EXPECT_EQ(choose_kernels(c64, kH200, two).fwd_consumers, 2);
-  EXPECT_EQ(choose_kernels(c64, kH200, three).fwd_consumers, 3);
   EXPECT_FALSE(k.dbias_group_sum);  // a group of one head
   // GQA with a bias broadcast over the heads at tile 64: the dK dV kernel sums dS over each KV group; the d_bias
   // workspace has h_kv heads. Not with a per-head bias, nor at tile 128 (no shared memory left for the sums).
@@ -352,10 +339,6 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(k.dbias_group_sum);
   EXPECT_EQ(k.dbias_ws_heads(gqa), 8);
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "dS summed over each KV group's heads"));
-  Switches no_sum;
-  no_sum.no_dbias_group_sum = true;  // the A/B switch SINKATTN_CUDA_NO_DBIAS_GROUP_SUM
-  EXPECT_FALSE(choose_kernels(gqa, kH200, no_sum).dbias_group_sum);
-  EXPECT_EQ(choose_kernels(gqa, kH200, no_sum).dbias_ws_heads(gqa), 64);
   gqa.bias_per_head = true;
   k = choose_kernels(gqa, kH200, Switches{});
   EXPECT_FALSE(k.dbias_group_sum);
@@ -365,7 +348,7 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_FALSE(choose_kernels(gqa, kH200, Switches{}).dbias_group_sum);
   EXPECT_FALSE(choose_kernels(gqa, kA100, Switches{}).dbias_group_sum);
   // Bias tiles staged by TMA: a 16-bit bias of unit key stride and 16-byte rows (both passes, both tiles); an fp32
-  // bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_BIAS_TMA / NO_TMA: per-thread loads.
+  // bias, strided keys, rows of odd length, SINKATTN_CUDA_NO_TMA: per-thread loads.
   Call tb = make_call(SINKATTN_BF16, 64, 4096, 64, 8, -1, 0, true);
   tb.plan.bias = Use::kRequired;
   tb.bias_dtype = SINKATTN_BF16;
@@ -377,15 +360,11 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(k.dkdv_bias_tma);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "persistent, bias tiles by TMA)"));
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "hopper dK dV (wgmma, bias tiles by TMA; dS summed over each KV group"));
-  Switches no_btma;
-  no_btma.no_bias_tma = true;
-  EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).fwd_bias_tma);
-  EXPECT_FALSE(choose_kernels(tb, kH200, no_btma).dkdv_bias_tma);
-  EXPECT_TRUE(has(choose_kernels(tb, kH200, no_btma).summary(Pass::kForward), "persistent, bias)"));
-  EXPECT_TRUE(choose_kernels(tb, kH200, three).fwd_bias_tma);  // 3 consumers: read where used
   Switches no_tma;
   no_tma.no_tma = true;
   EXPECT_FALSE(choose_kernels(tb, kH200, no_tma).fwd_bias_tma);
+  EXPECT_FALSE(choose_kernels(tb, kH200, no_tma).dkdv_bias_tma);
+  EXPECT_TRUE(has(choose_kernels(tb, kH200, no_tma).summary(Pass::kForward), "persistent, bias)"));
   EXPECT_FALSE(choose_kernels(tb, kA100, Switches{}).fwd_bias_tma);
   EXPECT_FALSE(choose_kernels(tb, kA100, Switches{}).dkdv_bias_tma);
   Call tb_other = tb;
@@ -406,12 +385,6 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_TRUE(choose_kernels(tb_other, kH200, Switches{}).dkdv_bias_tma);
   EXPECT_TRUE(has(choose_kernels(tb_other, kH200, Switches{}).summary(Pass::kBackward),
                   "hopper dK dV (wgmma, bias tiles by TMA; dS to the d_bias workspace)"));
-  Switches no_ws;
-  no_ws.fwd_ws = 0;
-  k = choose_kernels(c64, kH200, no_ws);
-  EXPECT_EQ(k.fwd, FwdKernel::kSm80Extra);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "only the warp-specialised Hopper forward has a bias variant"));
-  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   // Off Hopper (or at a tile without Hopper kernels): the sm_80 variants, and the dq kernel writes dS.
   k = choose_kernels(c, kA100, Switches{});
   EXPECT_FALSE(k.bias);
@@ -434,26 +407,20 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   EXPECT_EQ(k.dkdv, DkvKernel::kSm80Extra);
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "no variant with both bias and dropout"));
   c.plan.bias = Use::kAbsent;
-  // Dropout alone on Hopper: the warp-specialised forward's dropout variant (2 consumers, whatever
-  // SINKATTN_CUDA_FWD_WS asks for; the keep bits from the consumers and the producer warpgroup), the Hopper dK dV
-  // kernel's dropout variant; dq fused (atomics, or the fixed order when deterministic).
+  // Dropout alone on Hopper: the warp-specialised forward's dropout variant (2 consumers; the keep bits from the
+  // consumers and the producer warpgroup), the Hopper dK dV kernel's dropout variant; dq fused (atomics, or the
+  // fixed order when deterministic).
   k = choose_kernels(c, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_consumers, 2);
   EXPECT_EQ(k.fwd_block_m, 128);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "dropout, keep bits drawn by the consumers and the producer warpgroup"));
   EXPECT_TRUE(k.dropout);
-  Switches ws3;
-  ws3.fwd_ws = 3;
   Call c64f = c;
   c64f.d = c64f.d_v = 64;
   EXPECT_EQ(choose_kernels(c64f, kH200, Switches{}).fwd_consumers, 2);
-  EXPECT_EQ(choose_kernels(c64f, kH200, ws3).fwd_consumers, 2);
   c64f.plan.dropout = false;
   EXPECT_EQ(choose_kernels(c64f, kH200, Switches{}).fwd_consumers, 3);  // the plain variant: 3 at tile 64
-  const KernelChoice kd_no_ws = choose_kernels(c, kH200, no_ws);
-  EXPECT_EQ(kd_no_ws.fwd, FwdKernel::kSm80Extra);
-  EXPECT_TRUE(has(kd_no_ws.summary(Pass::kForward), "only the warp-specialised Hopper forward has a dropout variant"));
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dq, DqPath::kFusedAtomic);
   // Tile 128 (this call): its math warpgroups draw the keep bits; tile 64: a producer warpgroup does
@@ -511,7 +478,6 @@ TEST(CudaDispatch, WideTilesForwardOnHopper) {
     EXPECT_EQ(k.fwd_block_m, 128) << d;
     EXPECT_EQ(k.fwd_block_n, 64) << d;
     EXPECT_TRUE(k.fwd_tma) << d;
-    EXPECT_TRUE(k.fwd_persistent) << d;
     EXPECT_TRUE(has(k.summary(Pass::kForward), "tile 128 x 64, TMA")) << k.summary(Pass::kForward);
     EXPECT_EQ(k.dkdv, d <= 192 ? DkvKernel::kSm80 : DkvKernel::kSm90) << d;
     if (d <= 192)
@@ -521,17 +487,8 @@ TEST(CudaDispatch, WideTilesForwardOnHopper) {
     mla.d = 192;
     mla.d_v = 128;
     EXPECT_EQ(choose_kernels(mla, kH200, Switches{}).fwd, FwdKernel::kSm90Ws);
-    // Off Hopper, or with SINKATTN_CUDA_FWD_WS=0 (no software-pipelined kernel at these tiles): the sm_80 forward.
+    // Off Hopper: the sm_80 forward.
     EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kSm80) << d;
-    Switches nows;
-    nows.fwd_ws = 0;
-    const KernelChoice n = choose_kernels(c, kH200, nows);
-    EXPECT_EQ(n.fwd, FwdKernel::kSm80) << d;
-    EXPECT_TRUE(has(n.summary(Pass::kForward), "only the warp-specialised Hopper forward runs it")) << d;
-    // 3 consumers requested: 2 (the O accumulator of 64 rows takes 96 / 128 registers a thread).
-    Switches three;
-    three.fwd_ws = 3;
-    EXPECT_EQ(choose_kernels(c, kH200, three).fwd_consumers, 2) << d;
     // Bias or dropout: no Hopper variant at these tiles, so the sm_80 variant runs the forward (never the plain
     // kernel with the bias or dropout dropped) and the backward.
     Call cb = c;
@@ -594,9 +551,9 @@ TEST(CudaDispatch, TmaNeedsWholeBoxes) {
   EXPECT_EQ(k.dkdv_block_m, 128);
   EXPECT_FALSE(k.dkdv_tma);
   EXPECT_FALSE(k.dq_tma);
-  Switches bm64;  // 64-row steps: 100 rows hold a 64-row box
-  bm64.dkdv_block_m = 64;
-  k = choose_kernels(c, kH200, bm64);
+  Call cd = c;  // the dropout variant's 64-row steps: 100 rows hold a 64-row box
+  cd.plan.dropout = true;
+  k = choose_kernels(cd, kH200, Switches{});
   EXPECT_EQ(k.dkdv_block_m, 64);
   EXPECT_TRUE(k.dkdv_tma);
   EXPECT_TRUE(k.dq_tma);
@@ -662,12 +619,76 @@ TEST(CudaDispatch, Fp32Path) {
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "no float atomics"));
 }
 
-TEST(CudaDispatch, RulesTextNamesTheSwitches) {
-  const std::string r = dispatch_rules();
-  for (const char* s : {"SINKATTN_CUDA_NO_SM90", "SINKATTN_CUDA_NO_TMA", "SINKATTN_CUDA_DET_SM80", "512",
-                        "SINKATTN_CUDA_FWD_WS", "SINKATTN_CUDA_NO_DECODE", "SINKATTN_CUDA_DQ_ATOMICS",
-                        "SINKATTN_CUDA_FWD_SECTION"})
-    EXPECT_TRUE(has(r, s)) << s;
+// The switch table is the one definition of the switches: every row sets something (no row without an effect), its
+// value "0" leaves a flag off, and the table's rows are the C ABI's rows, in order.
+TEST(CudaDispatch, SwitchTable) {
+  int n = 0;
+  const SwitchDef* table = switch_table(&n);
+  ASSERT_GE(n, 1);
+  int n_docs = 0;
+  const sinkattn_switch_t* docs = switch_docs(&n_docs);
+  ASSERT_EQ(n_docs, n);
+  const auto same = [](const Switches& a, const Switches& b) {
+    return a.no_sm90 == b.no_sm90 && a.no_tma == b.no_tma && a.det_sm80 == b.det_sm80 && a.no_decode == b.no_decode &&
+           a.no_pdl == b.no_pdl && a.fwd_section == b.fwd_section;
+  };
+  static std::string name, value;  // the one variable the lookup below sets
+  const auto env = [](const char* v) -> const char* { return v == name ? value.c_str() : nullptr; };
+  name.clear();
+  EXPECT_TRUE(same(switches_from(env), Switches{}));
+  for (int i = 0; i < n; ++i) {
+    const sinkattn_switch_t& d = table[i].doc;
+    SCOPED_TRACE(d.name);
+    EXPECT_STREQ(docs[i].name, d.name);
+    EXPECT_EQ(std::string(d.name).rfind("SINKATTN_CUDA_", 0), 0u);
+    for (const char* text : {d.values, d.effect, d.use}) EXPECT_GT(std::string(text).size(), 0u);
+    name = d.name;
+    value = "1";
+    EXPECT_FALSE(same(switches_from(env), Switches{}));
+    value = "";  // set but empty: unset
+    EXPECT_TRUE(same(switches_from(env), Switches{}));
+    for (int j = 0; j < i; ++j) EXPECT_STRNE(table[j].doc.name, d.name);
+  }
+  name = "SINKATTN_CUDA_NO_SM90";
+  value = "0";
+  EXPECT_FALSE(switches_from(env).no_sm90);
+  name = "SINKATTN_CUDA_FWD_SECTION";
+  value = "0";
+  EXPECT_EQ(switches_from(env).fwd_section, 0);
+  value = "12";
+  EXPECT_EQ(switches_from(env).fwd_section, 12);
+}
+
+// Every kernel family has its texts; the rules name the switches that change them and the window rule's numbers.
+TEST(CudaDispatch, KernelFamilies) {
+  int n = 0;
+  const sinkattn_kernel_family_t* f = kernel_families(&n);
+  ASSERT_GE(n, 1);
+  std::string all;
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(f[i].name);
+    for (const char* text : {f[i].name, f[i].sources, f[i].runs_when, f[i].rule}) EXPECT_GT(std::string(text).size(), 0u);
+    EXPECT_LE(std::string(f[i].runs_when).size(), 140u);  // one short line (`sinkattn info` wraps it)
+    all += std::string(f[i].sources) + " " + f[i].runs_when + " " + f[i].rule + "\n";
+  }
+  int ns = 0;
+  const SwitchDef* table = switch_table(&ns);
+  for (int i = 0; i < ns; ++i) EXPECT_TRUE(has(all, table[i].doc.name)) << table[i].doc.name;
+  for (const std::string s : {"src/cuda/hopper/fwd_sm90_ws.cuh", "src/cuda/hopper/bwd_dkdv_sm90.cuh",
+                              "src/cuda/hopper/bwd_dkdv_sm90_wide.cuh", "src/cuda/decode/", "src/cuda/fp32/"})
+    EXPECT_TRUE(has(all, s)) << s;
+  EXPECT_TRUE(has(all, std::to_string(tiles::kSm90FwdMinWindowKeys) + " keys per"));
+}
+
+// The compiled head-dim tiles are one list (tiles::kHeadDimTiles): the tile text (which the backend's description and
+// its unsupported-head-dim message print) names each, and each tile is where its own head dim lands.
+TEST(CudaDispatch, TileTextFollowsTheTileList) {
+  const std::string t = head_dim_tiles_text(" ");
+  for (int tile : tiles::kHeadDimTiles) {
+    EXPECT_TRUE(has(t, std::to_string(tile))) << tile;
+    EXPECT_EQ(tiles::head_dim_tile(tile, tile), tile);
+  }
+  EXPECT_EQ(std::count(t.begin(), t.end(), ' ') + 1, static_cast<long>(std::size(tiles::kHeadDimTiles)));
 }
 
 }  // namespace

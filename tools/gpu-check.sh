@@ -20,7 +20,9 @@
 # float64 reference, split counts, CUDA-graph capture) and compute-sanitizer memcheck + racecheck on its --small
 # cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed vs copy bandwidth, for
 # bench/RESULTS.md; DECODE_ITERS replays, default 50).
-# Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log
+# Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log; the
+# benchmarks' JSON (gpu_bench.json, bench_torch.json, gpu_bench_decode.json) is what tools/results_dashboard.py add
+# takes into bench/RESULTS.md
 # (python: py_install.log pytest.log example.log example_bench.log; decode: decode.log decode_sanitizer.log;
 # decode_bench: decode_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
 #
@@ -161,7 +163,8 @@ fi
 
 if [[ " $STEPS " == *" decode_bench "* ]]; then
   t0=$(date +%s)
-  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" >"$OUT/decode_bench.log" 2>&1
+  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" --json "$OUT/gpu_bench_decode.json" \
+    >"$OUT/decode_bench.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "decode bench: rc=$rc in $(($(date +%s) - t0)) s (decode_bench.log)"
@@ -172,7 +175,7 @@ if [[ " $STEPS " == *" bench "* ]]; then
   {
     # every row of issue 12's table (the three layers, bias, dropout, head dim 256, s = 16384), then the RNG floor
     # of a dropout forward
-    timeout 300 "$BENCH" 20 all
+    timeout 300 "$BENCH" 20 all --json "$OUT/gpu_bench.json"
     [ -x "$PHILOX" ] && timeout 60 "$PHILOX" 10
     if [ -x "$BUILD_DIR/cli/sinkattn" ]; then
       for preset in gpt-oss-20b llama3-8b; do
@@ -199,7 +202,8 @@ if [[ " $STEPS " == *" determinism "* ]]; then
 fi
 
 if [[ " $STEPS " == *" torch "* ]]; then
-  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-240}" python3 bench/bench_torch.py >"$OUT/bench_torch.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-240}" python3 bench/bench_torch.py --json "$OUT/bench_torch.json" \
+    >"$OUT/bench_torch.log" 2>&1
   note "bench_torch: rc=$? (bench_torch.log)"
   tail -12 "$OUT/bench_torch.log" | tee -a "$SUMMARY"
 fi

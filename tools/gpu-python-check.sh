@@ -34,7 +34,7 @@ if [[ " ${PY_STEPS:-pytest example bench} " == *" example "* ]]; then
 fi
 if [[ " ${PY_STEPS:-pytest example bench} " == *" bench "* ]]; then
   timeout 240 $PY examples/train_sink_lm.py --benchmark --context 4096 --batch 4 --d-model 512 --heads 8 --kv-heads 2 \
-    --head-dim 64 >"$OUT/example_bench.log" 2>&1
+    --head-dim 64 --json "$OUT/jax_bench.json" >"$OUT/example_bench.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "example benchmark (context 4096): rc=$rc"; tail -8 "$OUT/example_bench.log" | tee -a "$SUMMARY"
 fi

@@ -3,6 +3,11 @@
 #   TORCH_STEPS="pytest"                                   the torch tests on the GPU (every case on CUDA and CPU
 #                                                          tensors, CUDA graph capture, bf16 HF GPT-OSS against fp32
 #                                                          eager, opcheck, torch.compile, the shared edge cases)
+#   TORCH_STEPS="cp cpbench"                               context parallelism (sinkattn.torch.distributed):
+#                                                          tests/python/test_torch_context_parallel.py (gloo groups
+#                                                          of 2 and 4 on the CPU, NCCL world size 1 on the GPU, bf16
+#                                                          cases, HF GPT-OSS) and bench/bench_context_parallel_torch.py
+#                                                          on the GPUs present (one GPU: the single-device baseline)
 #   TORCH_STEPS="bench overhead example examplebench"      speed: bench/bench_torch.py (SDPA, FlexAttention + sink,
 #                                                          sinkattn's torch API, op / C ABI ratio at b=2 s=4096),
 #                                                          bench/bench_torch_overhead.py (host time of the op over
@@ -15,14 +20,14 @@
 # only the torch it was built against), else built here against this machine's torch into /tmp/sinkattn-site (with
 # the compiled autograd kernel).
 # Logs go to $OUT (default ./gpu-check-out): py_install.log torch_pytest.log torch_bench.log torch_overhead.log
-# torch_example.log torch_example_bench.log, and lines in summary.txt.
+# torch_example.log torch_example_bench.log torch_cp_pytest.log torch_cp_bench.log, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 SUMMARY=$OUT/summary.txt
-STEPS=${TORCH_STEPS:-"pytest bench overhead example examplebench"}
+STEPS=${TORCH_STEPS:-"pytest cp bench overhead example examplebench cpbench"}
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 . tools/gpu-py-site.sh
@@ -44,7 +49,7 @@ if has pytest; then
   grep -E '^(FAILED|ERROR)' "$OUT/torch_pytest.log" | head -30 | tee -a "$SUMMARY"
 fi
 if has bench; then
-  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" $PY bench/bench_torch.py >"$OUT/torch_bench.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" $PY bench/bench_torch.py --json "$OUT/bench_torch.json" >"$OUT/torch_bench.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "torch bench (bench/bench_torch.py): rc=$rc"; tee -a "$SUMMARY" <"$OUT/torch_bench.log"
 fi
@@ -65,8 +70,25 @@ if has example; then
 fi
 if has examplebench; then
   timeout 300 $PY examples/finetune_gpt_oss_hf.py --benchmark --context 4096 --batch 2 --layers 4 --hidden 512 \
-    --heads 8 --kv-heads 2 --head-dim 64 --experts 4 >"$OUT/torch_example_bench.log" 2>&1
+    --heads 8 --kv-heads 2 --head-dim 64 --experts 4 --json "$OUT/hf_bench.json" >"$OUT/torch_example_bench.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "HF example benchmark (context 4096): rc=$rc"; tail -6 "$OUT/torch_example_bench.log" | tee -a "$SUMMARY"
+fi
+if has cp; then
+  t0=$(date +%s)
+  (cd /tmp && NCCL_NVLS_ENABLE=0 JAX_PLATFORMS=cpu timeout "${CP_PYTEST_TIMEOUT:-540}" $PY -m pytest -q \
+    -p no:cacheprovider "$OLDPWD"/tests/python/test_torch_context_parallel.py) >"$OUT/torch_cp_pytest.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "torch context-parallel pytest (gloo + NCCL): rc=$rc in $(($(date +%s) - t0)) s;" \
+    "$(tail -1 "$OUT/torch_cp_pytest.log")"
+  grep -E '^(FAILED|ERROR)' "$OUT/torch_cp_pytest.log" | head -30 | tee -a "$SUMMARY"
+fi
+if has cpbench; then
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout "${CP_BENCH_TIMEOUT:-420}" $PY bench/bench_context_parallel_torch.py \
+    ${CP_BENCH_ARGS:---contexts 32k,128k} >"$OUT/torch_cp_bench.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  note "torch context-parallel bench: rc=$rc"; sed -n '/^| N |/,$p' "$OUT/torch_cp_bench.log" | tee -a "$SUMMARY"
+  [ $rc -eq 0 ] || tail -20 "$OUT/torch_cp_bench.log" | tee -a "$SUMMARY"
 fi
 exit $status

@@ -11,7 +11,7 @@ like sweep#244 of seed 121401 (bf16, bottom-right causal, 44 query rows over 8 k
 Both are "plain" implementations in SPEC 5's words (P rounded to the input dtype before the P V product); they differ
 only in whether P is rounded before or after normalisation. Printed: the fraction of draws where the kernel form
 exceeds the tolerance set by the plain form, and the median / max of err / tol.
-Usage: spec5_tail_mc.py SEED TRIALS HEAD_DIM   (bench/RESULTS.md, 2026-12-03 fourteenth session: 64 -> 1.25 % of 400
+Usage: spec5_tail_mc.py SEED TRIALS HEAD_DIM   (bench/log/2026-12-03-forward-head-dim-256.md: 64 -> 1.25 % of 400
 draws fail, 128 -> 0.5 %, 192 -> 0-0.33 %; median err / tol 0.43)."""
 import sys
 

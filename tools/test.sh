@@ -10,3 +10,4 @@ cuda=OFF; command -v nvcc >/dev/null && cuda=ON
 tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 tools/test-wheel.sh
+tools/test-maxtext.sh  # the MaxText route (sinkattn.jax.maxtext) in its own Python 3.12 environment

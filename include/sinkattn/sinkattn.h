@@ -266,9 +266,34 @@ SINKATTN_API const char* sinkattn_version(void);
 /* Is the backend compiled into this library (1) or not (0). */
 SINKATTN_API int32_t sinkattn_backend_available(sinkattn_backend_t backend);
 
-/* Human-readable description of a backend: devices found, dtypes, head dims, features.
- * Writes a NUL-terminated text of at most len bytes to buf. */
+/* Human-readable description of a backend: a first line "NAME: summary", then one line "  TOPIC: text" per topic
+ * (each device found, dtypes, head dims, features). Writes a NUL-terminated text of at most len bytes to buf. */
 SINKATTN_API void sinkattn_backend_describe(sinkattn_backend_t backend, char* buf, size_t len);
+
+/* What `sinkattn info` shows of a backend's kernels and switches (SPEC.md section 4: a backend declares what it runs
+ * and why). Every string is static: valid while the library is loaded. */
+typedef struct {
+  const char* name;       /* kernel family, e.g. "hopper fwd" */
+  const char* sources;    /* where it is, e.g. "src/cuda/hopper/fwd_sm90_ws.cuh" */
+  const char* runs_when;  /* the calls it runs, in one short line */
+  const char* rule;       /* the full rule: conditions, tiles, variants */
+} sinkattn_kernel_family_t;
+
+typedef struct {
+  const char* name;    /* environment variable, e.g. "SINKATTN_CUDA_NO_SM90" (read once per process) */
+  const char* values;  /* what it may be set to, e.g. "1" or "N" */
+  const char* effect;  /* what it does */
+  const char* use;     /* when to use it */
+} sinkattn_switch_t;
+
+/* The kernel families of a backend: sets *rows to a static array and returns its length (0 and NULL for a backend
+ * not compiled in). */
+SINKATTN_API int32_t sinkattn_backend_kernel_families(sinkattn_backend_t backend,
+                                                      const sinkattn_kernel_family_t** rows);
+
+/* The environment switches a backend reads (the fallbacks a user or an A/B run needs): sets *rows to a static array
+ * and returns its length (0 and NULL for a backend without switches or not compiled in). */
+SINKATTN_API int32_t sinkattn_backend_switches(sinkattn_backend_t backend, const sinkattn_switch_t** rows);
 
 /* SPEC.md section 2, dropout: Philox4x32-10 (Random123) and the keep decision, exposed for tests
  * and bindings. counter, key: 4 and 2 uint32 words; writes 4 words to out. */

@@ -5,7 +5,7 @@
 // PyTorch gets the Python registration, and the stable-ABI operators (python/torch/torch_ops.cpp) are the same.
 //
 // Why: a Python kernel at the Autograd key costs every call of the operator, gradients or not, a round trip of its 23
-// arguments and 3 results between the dispatcher and Python (measured in docs/DESIGN.md, PyTorch binding). This
+// arguments and 3 results between the dispatcher and Python (bench/log/2026-12-01-torch-op-host-time-cpu.md). This
 // kernel reads the requires_grad flags on the dispatcher's stack and, when no gradient is needed, redispatches the
 // same stack below autograd (no conversion at all); otherwise it is a torch::autograd::Function with the formula of
 // _ops.py (_setup_context / _backward): dq, dk, dv, d_sinks (learnable sinks), d_bias through torch.ops.sinkattn.bwd.

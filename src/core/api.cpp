@@ -402,6 +402,31 @@ SINKATTN_API void sinkattn_backend_describe(sinkattn_backend_t backend, char* bu
   buf[n] = '\0';
 }
 
+SINKATTN_API int32_t sinkattn_backend_kernel_families(sinkattn_backend_t backend,
+                                                      const sinkattn_kernel_family_t** rows) {
+  int count = 0;
+  const sinkattn_kernel_family_t* r = nullptr;
+  try {
+    if (const Backend* b = backend_for(backend)) r = b->kernel_families(&count);
+  } catch (const std::exception&) {
+    count = 0;
+  }
+  if (rows != nullptr) *rows = count > 0 ? r : nullptr;
+  return count > 0 ? count : 0;
+}
+
+SINKATTN_API int32_t sinkattn_backend_switches(sinkattn_backend_t backend, const sinkattn_switch_t** rows) {
+  int count = 0;
+  const sinkattn_switch_t* r = nullptr;
+  try {
+    if (const Backend* b = backend_for(backend)) r = b->switches(&count);
+  } catch (const std::exception&) {
+    count = 0;
+  }
+  if (rows != nullptr) *rows = count > 0 ? r : nullptr;
+  return count > 0 ? count : 0;
+}
+
 SINKATTN_API void sinkattn_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
   const Philox4 r = philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1]);
   for (int i = 0; i < 4; ++i) out[i] = r.w[i];

@@ -27,8 +27,16 @@ class Backend {
   // workspace_size(c).
   virtual Status run(const Call& c) const = 0;
 
-  // Free text for `sinkattn info`.
+  // Free text for `sinkattn info`: "NAME: summary", then one "  TOPIC: text" line per topic (sinkattn.h).
   virtual std::string describe() const = 0;
+
+  // The kernel families and the environment switches, static arrays (sinkattn_backend_kernel_families,
+  // sinkattn_backend_switches); *count: their rows (0: none).
+  virtual const sinkattn_kernel_family_t* kernel_families(int* count) const = 0;
+  virtual const sinkattn_switch_t* switches(int* count) const {
+    *count = 0;
+    return nullptr;
+  }
 
   // The kernels this backend runs `c` with and why (one line, for sinkattn_query_backend's report; "" when the
   // backend has nothing to say). Called only after supports(c) returned OK; must not touch tensor data.

@@ -53,13 +53,33 @@ class CpuBackend final : public Backend {
   }
 
   std::string describe() const override {
-    return "cpu: host memory; dtypes fp32, fp16, bf16 (fp32 accumulation); head dims d, d_v 1.." +
+    return "cpu: the tiled online-softmax kernels on the host (fp32 accumulation, OpenMP), always deterministic\n"
+           "  device: host memory, " +
+           std::to_string(omp_get_max_threads()) +
+           " OpenMP threads\n"
+           "  dtypes: fp32, fp16, bf16 (fp32 accumulation)\n"
+           "  head dims: d, d_v 1.." +
            std::to_string(kMaxHeadDim) +
-           "; softmax vanilla / off_by_one / learnable sinks; dense, padded and varlen batches; GQA/MQA; "
-           "windows and causal (both alignments); post-scale bias with broadcast; dropout (Philox4x32-10); "
-           "d_lse; paged KV (page_table, forward, any page size); split-KV (num_splits: 0 heuristic, 1 none, N at most "
-           "N <= 128, with a combine); always deterministic; OpenMP threads: " +
-           std::to_string(omp_get_max_threads());
+           "\n"
+           "  features: vanilla / off_by_one / learnable sinks; dense, padded and varlen batches; GQA / MQA; windows "
+           "and causal (both alignments); post-scale bias with broadcast; dropout (Philox4x32-10); d_lse; paged KV "
+           "(page_table, forward, any page size); split-KV (num_splits: 0 heuristic, 1 none, N at most N <= " +
+           std::to_string(cpu::kMaxSplits) + ", with a combine)\n";
+  }
+
+  const sinkattn_kernel_family_t* kernel_families(int* count) const override {
+    static const std::string runs_when = "host memory (every dtype, head dims up to " + std::to_string(kMaxHeadDim) +
+                                         ", every feature), or backend = cpu";
+    static const std::string rule =
+        "Tiles of " + std::to_string(cpu::kBlockQ) + " query rows x " + std::to_string(cpu::kBlockK) +
+        " keys over OpenMP threads: the forward an online softmax with the sink as an already-seen key, the "
+        "backward dK dV then dq per tile, fp32 accumulation, no atomics: always deterministic. Split-KV forward "
+        "(num_splits) with a combine; paged KV read through the page table.";
+    static const sinkattn_kernel_family_t rows[] = {
+        {"cpu", "src/cpu/", runs_when.c_str(), rule.c_str()},
+    };
+    *count = 1;
+    return rows;
   }
 };
 

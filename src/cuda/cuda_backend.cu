@@ -16,8 +16,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/backend.hpp"
 #include "core/philox.hpp"
@@ -294,17 +296,21 @@ cudaError_t run_tile(const Params& k, const cuda::KernelChoice& kc, bool backwar
   return cuda::launch_bwd_dkdv<T, HD>(k, kc, st);
 }
 
+// The launchers of kc.tile, one instantiation (inst_hd<tile>.cu) per entry of tiles::kHeadDimTiles, the one list of
+// the compiled tiles: a tile added there without its inst_hd<tile>.cu fails to link.
+template <typename T, size_t... I>
+cudaError_t run_main_tiles(const cuda::KernelChoice& kc, const Params& k, bool backward, cudaStream_t st,
+                           std::index_sequence<I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((kc.tile == cuda::tiles::kHeadDimTiles[I] &&
+          (e = run_tile<T, cuda::tiles::kHeadDimTiles[I]>(k, kc, backward, st), true)) ||
+         ...);
+  return e;
+}
+
 template <typename T>
 cudaError_t run_main(const cuda::KernelChoice& kc, const Params& k, bool backward, cudaStream_t st) {
-  switch (kc.tile) {
-    case 32: return run_tile<T, 32>(k, kc, backward, st);
-    case 64: return run_tile<T, 64>(k, kc, backward, st);
-    case 96: return run_tile<T, 96>(k, kc, backward, st);
-    case 128: return run_tile<T, 128>(k, kc, backward, st);
-    case 192: return run_tile<T, 192>(k, kc, backward, st);
-    case 256: return run_tile<T, 256>(k, kc, backward, st);
-    default: return cudaErrorInvalidValue;
-  }
+  return run_main_tiles<T>(kc, k, backward, st, std::make_index_sequence<std::size(cuda::tiles::kHeadDimTiles)>{});
 }
 
 template <typename T>
@@ -361,7 +367,7 @@ class CudaBackend final : public Backend {
       return unsupported(std::string("cuda backend: dtype ") + dtype_str(c.dtype) + " not supported");
     if (c.d % 8 != 0 || c.d_v % 8 != 0 || head_dim_tile(c.d, c.d_v) == 0)
       return unsupported("cuda backend: head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
-                         " not supported (multiples of 8 up to 256; tiles 32, 64, 96, 128, 192, 256)");
+                         " not supported (multiples of 8 up to 256; tiles " + cuda::head_dim_tiles_text(", ") + ")");
     if (c.b > 65535 || c.h_q > 65535)
       return unsupported("cuda backend: b and h_q must be <= 65535 (grid dimensions)");
     if (c.s_q + c.s_kv >= (int64_t{1} << 30))
@@ -446,7 +452,12 @@ class CudaBackend final : public Backend {
   }
 
   std::string describe() const override {
-    std::string s = "cuda: sm_80+ FlashAttention-2-style kernels (mma.sync m16n8k16, fp32 accumulation, cp.async)\n";
+#ifdef SINKATTN_CUDA_SM90A
+    std::string s = "cuda: sm_80+ kernels (mma.sync, cp.async) and Hopper sm_90a kernels (wgmma, TMA)\n";
+#else
+    std::string s = "cuda: sm_80+ kernels (mma.sync, cp.async); Hopper kernels not built (CMAKE_CUDA_ARCHITECTURES "
+                    "without 90a)\n";
+#endif
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
       cudaGetLastError();
@@ -462,24 +473,23 @@ class CudaBackend final : public Backend {
       const std::string no90 = cuda::hopper_unavailable(dp, cuda::switches_from_env());
       s += "  device " + std::to_string(i) + ": " + prop.name + ", sm_" + std::to_string(prop.major) +
            std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
-           std::to_string(prop.totalGlobalMem >> 20) + " MiB; Hopper kernels: " +
+           std::to_string(prop.totalGlobalMem >> 30) + " GiB; Hopper kernels: " +
            (no90.empty() ? std::string("yes") : "no, " + no90) + "\n";
     }
-    s += "  dtypes: fp16, bf16 (tensor cores); fp32 (plain SIMT fp32 kernels, deterministic, slow)\n";
-    s += "  head dims: multiples of 8 up to 256 (d and d_v may differ), tiles 32 64 96 128 192 256\n";
-    s += "  kernels: sm_80 FlashAttention-2-style forward, dq, dK/dV (mma.sync); Hopper (sm_90a) forward and dK/dV + "
-         "fused dq on warpgroup MMA (wgmma) with TMA tile loads";
-#ifdef SINKATTN_CUDA_SM90A
-    s += "\n";
-#else
-    s += " (not built: CMAKE_CUDA_ARCHITECTURES without 90a)\n";
-#endif
-    s += "  " + cuda::dispatch_rules() + "\n";
-    s += "  features: vanilla / off_by_one / learnable sinks, dense / padded / varlen (seqused_kv), strided "
-         "layouts, GQA/MQA, windows + causal (both alignments, band-limited block iteration), bias + d_bias, "
-         "dropout (Philox, bit-identical to CPU), d_lse\n";
+    s += "  dtypes: fp16, bf16 (tensor cores); fp32 (SIMT kernels: deterministic, slow)\n";
+    s += "  head dims: up to 256, d and d_v may differ; fp16 / bf16: multiples of 8, on the kernels of the smallest "
+         "tile >= max(d, d_v) of " + cuda::head_dim_tiles_text(" ") + "\n";
+    s += "  features: vanilla / off_by_one / learnable sinks; dense, padded and varlen batches (seqused_kv); "
+         "strided layouts; GQA / MQA; windows and causal (both alignments); bias and d_bias; dropout (Philox, "
+         "bit-identical to the CPU backend); d_lse; paged KV; split-KV decode\n";
     return s;
   }
+
+  const sinkattn_kernel_family_t* kernel_families(int* count) const override {
+    return cuda::kernel_families(count);
+  }
+
+  const sinkattn_switch_t* switches(int* count) const override { return cuda::switch_docs(count); }
 };
 
 }  // namespace

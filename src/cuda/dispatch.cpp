@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "cuda/decode/decode_rules.hpp"
 #include "cuda/dq_order.hpp"
@@ -16,44 +18,81 @@ namespace {
 
 std::string tile_str(int a, int b) { return std::to_string(a) + " x " + std::to_string(b); }
 
-// The warp-specialised Hopper forward (measured faster than fwd_sm90 on the H200 at both Hopper tiles, with 3
-// consumer warpgroups at head dim 64 and 2 at 128: bench/RESULTS.md, 2026-12-01); SINKATTN_CUDA_FWD_WS=0 turns it off.
-bool ws_on(int tile, const Switches& sw) { return sw.fwd_ws != 0 && tiles::has_sm90_fwd_ws(tile); }
-// bias / dropout: the kernel's bias variant (staged by TMA or not), its dropout variant (2 consumers only).
-int ws_consumers(int tile, const Switches& sw, bool bias, bool dropout) {
+// Consumer warpgroups of the warp-specialised Hopper forward (measured faster than the software-pipelined Hopper
+// forward it replaced, with 3 consumers at head dim 64 and 2 at 128: bench/log/2026-12-01-warp-specialised-forward.md): its bias and
+// dropout variants take their own counts.
+int ws_consumers(int tile, bool bias, bool dropout) {
   if (dropout) return tiles::sm90_ws_dropout_consumers(tile);
-  if (sw.fwd_ws == 2) return 2;
-  if (sw.fwd_ws == 3) return tile == 64 ? 3 : 2;  // 3 x 64 rows at head dim 128 exceed the registers
   return bias ? tiles::sm90_ws_bias_consumers(tile) : tiles::sm90_ws_default_consumers(tile);
 }
 
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-}
+bool flag(const char* v) { return std::strcmp(v, "0") != 0; }
+
+// The one list of the environment switches (dispatch.hpp, Switches). A switch stays only where a user or an A/B run
+// needs it: a fallback off a kernel family or a feature (for a suspected fault, a driver or tool that refuses it,
+// or the A/B that measures it), or a check that reaches code the GPU suite's shapes do not.
+constexpr SwitchDef kSwitches[] = {
+    {{"SINKATTN_CUDA_NO_SM90", "1",
+      "No Hopper (wgmma) kernel: every fp16 / bf16 call runs on the sm_80 kernels, as on other GPUs.",
+      "A result or a fault suspected of the Hopper kernels; A/B of the Hopper kernels against the sm_80 ones."},
+     [](Switches& s, const char* v) { s.no_sm90 = flag(v); }},
+    {{"SINKATTN_CUDA_NO_TMA", "1",
+      "The Hopper kernels load every tile (Q, K, V, dO, bias) by cp.async and add the fused dq by fp32 atomics, "
+      "instead of TMA copies and TMA reduce-adds.",
+      "A fault suspected of the tensor memory accelerator or a driver that refuses a tensor map; the cp.async "
+      "path's A/B and coverage (it is also what partial tiles and small calls take)."},
+     [](Switches& s, const char* v) { s.no_tma = flag(v); }},
+    {{"SINKATTN_CUDA_DET_SM80", "1",
+      "deterministic = 1 on Hopper runs the sm_80 dq kernel + dK dV kernel (no float atomics) instead of the "
+      "Hopper dK dV kernel with its dq fused in a fixed order.",
+      "A check of the Hopper deterministic backward against the other deterministic path; its A/B (GPU check: "
+      "bench_det_sm80.log)."},
+     [](Switches& s, const char* v) { s.det_sm80 = flag(v); }},
+    {{"SINKATTN_CUDA_NO_DECODE", "1",
+      "No decode kernel: forward calls of up to 16 query rows per sequence run on the prefill kernels.",
+      "A result or a fault suspected of the decode kernels (split-KV, paged KV); A/B of decode against prefill."},
+     [](Switches& s, const char* v) { s.no_decode = flag(v); }},
+    {{"SINKATTN_CUDA_NO_PDL", "1",
+      "The backward's Hopper dK dV kernel and the dq convert after it are launched one after the other, without "
+      "programmatic dependent launch.",
+      "A profiler or driver that mishandles programmatic dependent launch, a fault suspected of its waits; its A/B."},
+     [](Switches& s, const char* v) { s.no_pdl = flag(v); }},
+    {{"SINKATTN_CUDA_FWD_SECTION", "N",
+      "The warp-specialised Hopper forward walks its tiles in L2 sections of N (head, sequence) pairs; 0: no "
+      "sections (the plain longest-first order). Unset: the pairs whose K / V fit 5/8 of the L2.",
+      "Coverage of the sectioned tile order on small shapes (the GPU check runs the edge cases with N = 1); A/B "
+      "of the L2 rule (N = 0)."},
+     [](Switches& s, const char* v) { s.fwd_section = std::max(0, std::atoi(v)); }},
+};
 
 }  // namespace
 
-Switches switches_from_env() {
-  static const Switches s = [] {
-    Switches x;
-    x.no_sm90 = env_on("SINKATTN_CUDA_NO_SM90");
-    x.no_tma = env_on("SINKATTN_CUDA_NO_TMA");
-    x.det_sm80 = env_on("SINKATTN_CUDA_DET_SM80");
-    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_WS"); v != nullptr && v[0] != '\0') x.fwd_ws = std::atoi(v);
-    x.fwd_ws_short = env_on("SINKATTN_CUDA_FWD_WS_SHORT");
-    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_WS_PERSISTENT"); v != nullptr && v[0] != '\0')
-      x.fwd_ws_persistent = std::atoi(v) != 0;
-    x.no_decode = env_on("SINKATTN_CUDA_NO_DECODE");
-    x.dq_atomics = env_on("SINKATTN_CUDA_DQ_ATOMICS");
-    x.no_dbias_group_sum = env_on("SINKATTN_CUDA_NO_DBIAS_GROUP_SUM");
-    x.no_bias_tma = env_on("SINKATTN_CUDA_NO_BIAS_TMA");
-    x.no_pdl = env_on("SINKATTN_CUDA_NO_PDL");
-    if (const char* v = std::getenv("SINKATTN_CUDA_FWD_SECTION"); v != nullptr && v[0] != '\0')
-      x.fwd_section = std::max(0, std::atoi(v));
-    if (const char* v = std::getenv("SINKATTN_CUDA_DKDV_BM"); v != nullptr && v[0] != '\0') x.dkdv_block_m = std::atoi(v);
-    return x;
+const SwitchDef* switch_table(int* count) {
+  *count = static_cast<int>(std::size(kSwitches));
+  return kSwitches;
+}
+
+const sinkattn_switch_t* switch_docs(int* count) {
+  static const std::vector<sinkattn_switch_t> docs = [] {
+    std::vector<sinkattn_switch_t> d;
+    for (const SwitchDef& s : kSwitches) d.push_back(s.doc);
+    return d;
   }();
+  *count = static_cast<int>(docs.size());
+  return docs.data();
+}
+
+Switches switches_from(const char* (*env)(const char* name)) {
+  Switches s;
+  for (const SwitchDef& d : kSwitches) {
+    const char* v = env(d.doc.name);
+    if (v != nullptr && v[0] != '\0') d.set(s, v);
+  }
+  return s;
+}
+
+Switches switches_from_env() {
+  static const Switches s = switches_from([](const char* name) -> const char* { return std::getenv(name); });
   return s;
 }
 
@@ -87,14 +126,14 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // A bias TMA can stage (launch.cuh, make_bias_map): 16-bit, unit key stride, rows of whole 16-byte multiples, at
   // least one 64-key box wide and a block of rows_min query rows tall (bias calls are dense, SPEC 1).
   const auto bias_tma_ok = [&](int64_t rows_min) {
-    return bias && !sw.no_tma && !sw.no_bias_tma && c.bias_dtype != SINKATTN_F32 && c.bias.j == 1 &&
+    return bias && !sw.no_tma && c.bias_dtype != SINKATTN_F32 && c.bias.j == 1 &&
            c.bias.i > 0 && c.bias.i % 8 == 0 && c.bias.h % 8 == 0 && c.bias.b % 8 == 0 && c.s_kv >= 64 &&
            c.s_q >= rows_min;
   };
 
-  // Why the Hopper kernels cannot run this call ("" when they can): no90 for the backward, the software-pipelined
-  // forward and the warp-specialised forward's bias / dropout variants (tiles 64 and 128); no90_fwd for the forward,
-  // whose warp-specialised plain variant also runs tiles 192 and 256 (tiles::has_sm90_fwd_ws).
+  // Why the Hopper kernels cannot run this call ("" when they can): no90 for the backward and the warp-specialised
+  // forward's bias / dropout variants (tiles 64 and 128); no90_fwd for the forward, whose plain variant also runs
+  // tiles 192 and 256 (tiles::has_sm90_fwd_ws).
   const std::string no_hopper = hopper_unavailable(dev, sw);
   std::string no90 = no_hopper;
   if (no90.empty() && !tiles::has_sm90(k.tile))
@@ -115,18 +154,15 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     if (extra)
       no90_fwd = std::string("no Hopper ") + (bias ? "bias" : "dropout") + " forward for head-dim tile " +
                  std::to_string(k.tile) + " (the bias / dropout variants: tiles 64 and 128)";
-    else if (!ws_on(k.tile, sw))
-      no90_fwd = "head-dim tile " + std::to_string(k.tile) +
-                 ": only the warp-specialised Hopper forward runs it (SINKATTN_CUDA_FWD_WS=0 is set)";
     else
       no90_fwd.clear();
   }
   // Dropout: the warp-specialised forward and the dK dV kernel have a dropout variant (kDropout). Forward: the
   // consumers draw the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of each key block
   // while S runs, warps 1 .. 3 of the producer warpgroup the rest (fwd_keep_producer); consumers alone were slower
-  // than the sm_80 forward (bench/RESULTS.md 2026-12-01 fourth session: 3.32 against 3.07 ms at GPT-OSS full), the
-  // producer alone too (2026-12-02 eleventh session: 4.8 ms). dK dV: a keep-bit producer warpgroup at tile 64
-  // (keep_producer), the math warpgroups at tile 128 (tiles::dkdv_sm90_keep_producer).
+  // than the sm_80 forward (3.32 against 3.07 ms at GPT-OSS full: bench/log/2026-12-01-dropout-and-torch-op.md), the
+  // producer alone too (4.8 ms: bench/log/2026-12-02-dropout-forward-hopper.md). dK dV: a keep-bit producer
+  // warpgroup at tile 64 (keep_producer), the math warpgroups at tile 128 (tiles::dkdv_sm90_keep_producer).
   k.dropout = dropout;
 
   // ---- forward ----
@@ -143,37 +179,25 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
-  } else if (no90_fwd.empty() && dropout && !ws_on(k.tile, sw)) {
-    k.fwd_why = "dropout: only the warp-specialised Hopper forward has a dropout variant (SINKATTN_CUDA_FWD_WS=0 is set)";
-  } else if (no90_fwd.empty() && bias && !ws_on(k.tile, sw)) {
-    k.fwd_why = "bias: only the warp-specialised Hopper forward has a bias variant (SINKATTN_CUDA_FWD_WS=0 is set)";
-  } else if (no90_fwd.empty() && c.window_left >= 0 && c.window_right >= 0 &&
-             !(sw.fwd_ws_short && ws_on(k.tile, sw))) {
-    const int64_t keys = tiles::fwd_sm90_block_m(k.tile) + c.window_left + c.window_right;
+  } else if (no90_fwd.empty() && c.window_left >= 0 && c.window_right >= 0) {
+    const int64_t keys = tiles::kSm90FwdWindowRows + c.window_left + c.window_right;
     if (keys < tiles::kSm90FwdMinWindowKeys)
       k.fwd_why = "the window spans " + std::to_string(keys) + " keys per " +
-                  std::to_string(tiles::fwd_sm90_block_m(k.tile)) + " query rows (fewer than " +
+                  std::to_string(tiles::kSm90FwdWindowRows) + " query rows (fewer than " +
                   std::to_string(tiles::kSm90FwdMinWindowKeys) + ": the sm_80 forward is faster there)";
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided above
   } else if (no90_fwd.empty() && k.fwd_why.empty()) {
-    if (ws_on(k.tile, sw)) {
-      k.fwd = FwdKernel::kSm90Ws;
-      k.fwd_consumers = ws_consumers(k.tile, sw, k.bias, dropout);
-      k.fwd_block_m = 64 * k.fwd_consumers;
-      k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
-      k.fwd_persistent = sw.fwd_ws_persistent;
-      k.fwd_sms = dev.sms;
-      k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
-    } else {
-      k.fwd = FwdKernel::kSm90;
-      k.fwd_block_m = tiles::fwd_sm90_block_m(k.tile);
-      k.fwd_block_n = tiles::fwd_sm90_block_n(k.tile);
-    }
+    k.fwd = FwdKernel::kSm90Ws;
+    k.fwd_consumers = ws_consumers(k.tile, k.bias, dropout);
+    k.fwd_block_m = 64 * k.fwd_consumers;
+    k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
+    k.fwd_sms = dev.sms;
+    k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
     // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map).
     k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
-    k.fwd_bias_tma = k.bias && k.fwd == FwdKernel::kSm90Ws && bias_tma_ok(k.fwd_block_m);
+    k.fwd_bias_tma = k.bias && bias_tma_ok(k.fwd_block_m);
   } else {
     if (k.fwd_why.empty()) k.fwd_why = no90_fwd;
     k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;
@@ -190,15 +214,14 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.dq = DqPath::kFusedAtomic;
   if (no90_bwd.empty() && k.dq != DqPath::kDqKernel) {
     k.dkdv = DkvKernel::kSm90;
-    k.dbias_group_sum = !sw.no_dbias_group_sum && k.bias && !c.bias_per_head && c.group > 1 && k.tile == 64;
+    k.dbias_group_sum = k.bias && !c.bias_per_head && c.group > 1 && k.tile == 64;
     k.dkdv_block_n = tiles::dkdv_sm90_block_n(k.tile);
     const bool plain = !k.bias && !k.dropout;
     k.dkdv_block_m = tiles::dkdv_sm90_block_m(k.tile, plain);
-    if (sw.dkdv_block_m == 64) k.dkdv_block_m = 64;  // (A / B runs; 128 exists only where the rule picks it)
     k.dkdv_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.dkdv_block_m;
     k.dkdv_bias_tma = k.bias && bias_tma_ok(k.dkdv_block_m);
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
-    k.dq_tma = !sw.no_tma && !sw.dq_atomics && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
+    k.dq_tma = !sw.no_tma && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
     k.pdl = !sw.no_pdl && c.b > 0 && c.h_q > 0 && c.s_q > 0;  // (KernelChoice::pdl says why)
   } else {
     k.bwd_why = no90_bwd.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90_bwd;
@@ -220,10 +243,9 @@ std::string KernelChoice::summary(Pass pass) const {
   std::string s;
   if (pass == Pass::kForward) {
     switch (fwd) {
-      case FwdKernel::kSm90: s = "hopper fwd (wgmma)"; break;
       case FwdKernel::kSm90Ws:
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
-            " consumer warpgroups" + (fwd_persistent ? ", persistent" : "") +
+            " consumer warpgroups, persistent" +
             (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") +
             (dropout ? ", dropout, keep bits drawn by the consumers and the producer warpgroup" : "") + ")";
         break;
@@ -235,7 +257,7 @@ std::string KernelChoice::summary(Pass pass) const {
                "plan or num_splits)";
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
-    if (fwd == FwdKernel::kSm90 || fwd == FwdKernel::kSm90Ws) s += fwd_tma ? ", TMA" : ", cp.async";
+    if (fwd == FwdKernel::kSm90Ws) s += fwd_tma ? ", TMA" : ", cp.async";
     if (fwd_section > 0) s += ", L2 sections of " + std::to_string(fwd_section) + " heads";
     if (!fwd_why.empty()) s += ": " + fwd_why;
     return s;
@@ -278,37 +300,91 @@ std::string KernelChoice::summary(Pass pass) const {
   return s;
 }
 
-std::string dispatch_rules() {
-  return "kernel choice (src/cuda/dispatch.cpp): fp32 -> SIMT fp32 kernels; fp16 / bf16 -> the smallest head-dim tile "
-         ">= max(d, d_v) of 32 64 96 128 192 256; the Hopper (wgmma, TMA) kernels on compute capability 9.0 when the "
-         "library carries sm_90a code, for tiles 64 and 128 (the warp-specialised forward without bias or dropout also "
-         "for 192 and 256, 64 keys per step there; bias: the warp-specialised forward and the dK dV kernel, "
-         "which writes dS for d_bias, not with dropout; dropout: the warp-specialised forward, its keep bits drawn by "
-         "the consumers and the producer warpgroup, and the dK dV kernel, its keep bits drawn by a producer warpgroup "
-         "at tile 64 and by the math warpgroups at 128; the dK dV kernel takes 128 query rows per step at tile 64 "
-         "without bias or dropout, 64 otherwise; at tile 256 a dK dV kernel that splits the head dim between its "
-         "warpgroups, 64 keys x 64 query rows per step, without bias or dropout; forward: not for windows spanning fewer than " +
-         std::to_string(tiles::kSm90FwdMinWindowKeys) +
-         " keys per 128 query rows); backward dq: fused into the dK dV kernel (deterministic = 0: fp32 atomics, on "
-         "the Hopper kernel TMA reduce-adds of full query blocks' fp32 tiles), fused in a fixed key-block order "
-         "under per-(query head, query block) semaphores (per-query-block ones with a bias) on the Hopper kernel "
-         "(deterministic = 1, the same TMA reduce-adds), or "
-         "the separate sm_80 dq kernel (deterministic = 1 off Hopper, and with a bias off Hopper); the sm_80 "
-         "kernels run "
-         "everything else (a bias / dropout variant when either is present). Forward: the decode kernels for up to "
-         "16 query rows per sequence "
-         "(fp16 / bf16, head dims up to 128, no bias / dropout; contiguous or paged KV: the query heads of a KV "
-         "group packed into one tile, split-KV with a combine, the sink counted once), the sm_80 forward through "
-         "the page table for longer paged chunks, and on Hopper the warp-specialised forward (producer warp, 3 "
-         "consumer warpgroups at tile 64 and 2 at 128 taking turns, persistent blocks). "
-         "The Hopper dK dV kernel and the dq convert after it are launched with programmatic dependent launch "
-         "(calls with query rows). "
-         "Tile order: longest first; the warp-specialised forward's in L2 sections of the heads whose K / V fit 5/8 "
-         "of the L2. "
-         "Switches: SINKATTN_CUDA_NO_SM90=1, SINKATTN_CUDA_NO_TMA=1, SINKATTN_CUDA_DET_SM80=1, SINKATTN_CUDA_FWD_WS="
-         "0|2|3, SINKATTN_CUDA_FWD_WS_SHORT=1, SINKATTN_CUDA_FWD_WS_PERSISTENT=0, SINKATTN_CUDA_NO_DECODE=1, "
-         "SINKATTN_CUDA_DQ_ATOMICS=1, SINKATTN_CUDA_NO_DBIAS_GROUP_SUM=1, SINKATTN_CUDA_NO_BIAS_TMA=1, "
-         "SINKATTN_CUDA_NO_PDL=1, SINKATTN_CUDA_FWD_SECTION=N, SINKATTN_CUDA_DKDV_BM=64";
+std::string head_dim_tiles_text(const char* sep) {
+  std::string s;
+  for (int t : tiles::kHeadDimTiles) s += (s.empty() ? "" : sep) + std::to_string(t);
+  return s;
+}
+
+const sinkattn_kernel_family_t* kernel_families(int* count) {
+  using std::to_string;
+  // The texts, kept for the process's lifetime (the C ABI hands out pointers into them).
+  struct Family {
+    std::string name, sources, runs_when, rule;
+  };
+  static const std::vector<Family> families = {
+      {"fp32", "src/cuda/fp32/", "fp32 inputs (forward and backward)",
+       "Plain SIMT fp32 kernels: the forward one thread per query row; the backward dq per query row and dK dV per "
+       "key, no float atomics (deterministic either way). Slow: for checking, not for speed."},
+      {"decode", "src/cuda/decode/",
+       "forward of up to " + to_string(kDecodeMaxQueries) +
+           " query rows per sequence, fp16 / bf16, head dims up to 128, no bias / dropout",
+       "Split-KV decode kernels on every GPU: the query heads of a KV group packed into one tile, the keys split "
+       "over blocks (decode/decode.cu's plan, or num_splits), a combine kernel that merges the splits with the "
+       "sink counted once; contiguous or paged KV (page_table). For forward calls with at most " +
+           to_string(kDecodeMaxQueries) +
+           " query rows per sequence (dense s_q or varlen max_seqlen_q), fp16 / bf16, head dims up to 128, no "
+           "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "
+           "kernels."},
+      {"hopper fwd", "src/cuda/hopper/fwd_sm90_ws.cuh",
+       "forward on compute capability 9.0, tiles 64 to 256 (bias / dropout: 64, 128); a sliding window of " +
+           to_string(tiles::kSm90FwdMinWindowKeys) + "+ keys per " + to_string(tiles::kSm90FwdWindowRows) +
+           " query rows",
+       "The warp-specialised forward on warpgroup MMA (wgmma): a producer warp loads Q and K / V into a two-stage "
+       "ring (by TMA where a block lies in the sequence, by cp.async past its end, where a tensor map does not fit "
+       "the call and with SINKATTN_CUDA_NO_TMA=1), consumer warpgroups of 64 query "
+       "rows (3 at tile 64, 2 otherwise) take turns at the tensor cores; 128 keys per step up to tile 128, 64 at "
+       "tiles 192 and 256. Persistent blocks (one per SM) walk the tiles longest first, in L2 sections of the "
+       "(head, sequence) pairs whose K / V fit 5/8 of the L2 (SINKATTN_CUDA_FWD_SECTION=N: N pairs). Bias "
+       "variant (tiles 64 and 128, 2 consumers): a 16-bit bias of unit key stride staged by TMA, any other bias "
+       "loaded per thread. Dropout variant (tiles 64 and 128, 2 consumers): the keep bits drawn by the consumers "
+       "and the producer warpgroup. Needs the library's sm_90a code (SINKATTN_CUDA_NO_SM90=1 turns every Hopper "
+       "kernel off); not with both bias and dropout, not for "
+       "paged KV beyond decode, not for a window bounded on both sides (a sliding window) that spans fewer than " +
+           to_string(tiles::kSm90FwdMinWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
+           " query rows: the sm_80 forward is faster there."},
+      {"sm80 fwd", "src/cuda/fwd_kernel.cuh",
+       "every other fp16 / bf16 forward: other GPUs, tiles 32 and 96, bias with dropout, short sliding windows, "
+       "paged KV beyond decode",
+       "FlashAttention-2-style forward on mma.sync m16n8k16 with cp.async tile loads, 4 warps, 128 query rows "
+       "per block (64 at tiles 192 and 256). Variants: lean (no bias, no dropout; 64 keys per step at tile 128), "
+       "bias / dropout, and paged KV (K / V rows read through the page table)."},
+      {"hopper dK dV", "src/cuda/hopper/bwd_dkdv_sm90.cuh",
+       "backward on compute capability 9.0: tiles 64 and 128 (bias or dropout, not both)",
+       "dK and dV on wgmma with the dq fused, 128 keys per block; 128 query rows per step at tile 64 without bias "
+       "or dropout, 64 otherwise; Q / dO tiles by TMA (cp.async for partial blocks). The fused dq goes to an fp32 "
+       "accumulator by TMA reduce-adds of full query blocks' tiles (fp32 atomics for partial blocks and with "
+       "SINKATTN_CUDA_NO_TMA=1); deterministic = 1: the same updates in ascending key-block order under "
+       "per-(query head, query block) semaphores (per query block with a bias). Bias variant: writes dS to the "
+       "d_bias workspace (summed over a KV group's heads at tile 64 when the bias is broadcast over the heads), "
+       "bias tiles staged by TMA where the forward's are. Dropout variant: keep bits from a producer warpgroup at "
+       "tile 64, from the math warpgroups at 128. It and the dq convert after it are launched with programmatic "
+       "dependent launch (calls with query rows; SINKATTN_CUDA_NO_PDL=1: without)."},
+      {"hopper dK dV wide", "src/cuda/hopper/bwd_dkdv_sm90_wide.cuh",
+       "backward on compute capability 9.0: tile 256, no bias / dropout",
+       "The head dim split between the two warpgroups: 64 keys per block, 64 query rows per step, the products "
+       "from shared memory; the dq fused as in hopper dK dV (full query blocks by TMA reduce-adds, partial ones "
+       "by float4 atomics), deterministic = 1 by the same per-step turns. Tile 192's backward stays on the sm_80 "
+       "kernels."},
+      {"sm80 dK dV + dq", "src/cuda/bwd_kernel.cuh",
+       "every other fp16 / bf16 backward: other GPUs, tiles 32, 96 and 192, bias with dropout",
+       "FlashAttention-2-style dK dV kernel on mma.sync (one warp per 16 keys), lean or bias / dropout variant. "
+       "dq: fused into it by fp32 atomics (deterministic = 0), or the separate dq kernel, no float atomics "
+       "(deterministic = 1; with a bias off Hopper too: it writes dS for d_bias). SINKATTN_CUDA_DET_SM80=1 "
+       "sends deterministic = 1 here on Hopper as well."},
+      {"bwd small", "src/cuda/bwd_small.cu", "every fp16 / bf16 backward, around the kernels above",
+       "Memory-bound kernels: the preprocess (D = rowsum(dO * O), the d_sinks partials, the dq accumulator "
+       "zeroed), the d_sinks reduction (fixed order), the dq convert (fp32 accumulator to dq) and the d_bias "
+       "reduction over broadcast dimensions."},
+  };
+  static const std::vector<sinkattn_kernel_family_t> rows = [] {
+    std::vector<sinkattn_kernel_family_t> r;
+    for (const Family& f : families)
+      r.push_back({f.name.c_str(), f.sources.c_str(), f.runs_when.c_str(), f.rule.c_str()});
+    return r;
+  }();
+  *count = static_cast<int>(rows.size());
+  return rows.data();
 }
 
 }  // namespace sinkattn::cuda

@@ -96,7 +96,7 @@ struct Dropout {
   // kernels, fwd_sm90_ws.cuh and bwd_dkdv_sm90.cuh). kAligned (s_kv % 4 == 0, the caller's choice, made once outside
   // its loops): the four words of one Philox block; otherwise each key takes its own block. No branch inside, so
   // that the Philox chains of several calls in a row interleave (with the s_kv test in here, every call was its own
-  // basic block and the chains ran one after another: bench/RESULTS.md, 2026-12-02 eleventh session).
+  // basic block and the chains ran one after another: bench/log/2026-12-02-dropout-forward-hopper.md).
   template <bool kAligned>
   __device__ __forceinline__ uint32_t keep_key_quad(int i, int j, int s_kv) const {
     auto kept = [&](uint32_t w) { return static_cast<uint32_t>(w >= threshold); };

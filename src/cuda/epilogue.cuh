@@ -1,7 +1,7 @@
 // CUDA backend: epilogue. Writes a warp's 16 x (NT * 8) fp32 accumulator fragment (C layout of
 // common.cuh) to a strided global tensor in the input dtype, with a per-row factor (1 / l for out,
 // softmax_scale for dq / dk). Rows >= rows_valid and columns >= cols_valid (a multiple of 8) are not written.
-// Also the forward's row stores (out and softmax_lse), shared by fwd_kernel.cuh and hopper/fwd_sm90.cuh.
+// Also the forward's row stores (out and softmax_lse), shared by fwd_kernel.cuh and hopper/fwd_sm90_ws.cuh.
 #pragma once
 
 #include "cuda/common.cuh"

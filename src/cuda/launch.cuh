@@ -10,7 +10,6 @@
 #include "cuda/fwd_kernel.cuh"
 #include "cuda/hopper/bwd_dkdv_sm90.cuh"
 #include "cuda/hopper/bwd_dkdv_sm90_wide.cuh"
-#include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/hopper/fwd_sm90_ws.cuh"
 #include "cuda/kernels.hpp"
 
@@ -133,21 +132,17 @@ cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t 
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
   const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
-  // Persistent blocks (one per SM) walk the tiles in longest-first order, or one block per tile
-  // (kc.fwd_persistent, SINKATTN_CUDA_FWD_WS_PERSISTENT in dispatch.hpp).
+  // Persistent blocks (one per SM, at most one per tile) walk the tiles in longest-first order.
   const int64_t tiles = static_cast<int64_t>((p.s_q + TrW::kBlockM - 1) / TrW::kBlockM) * p.h_q * p.b;
   if (tiles == 0) return cudaSuccess;
-  int64_t blocks = tiles;
-  if (kc.fwd_persistent) {
-    int sms = kc.fwd_sms;  // the dispatch's cached device properties; asked here only when they had none
-    if (sms <= 0) {
-      int dev = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return cudaGetLastError();
-    }
-    blocks = std::min<int64_t>(tiles, sms);
+  int sms = kc.fwd_sms;  // the dispatch's cached device properties; asked here only when they had none
+  if (sms <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return cudaGetLastError();
   }
+  const int64_t blocks = std::min<int64_t>(tiles, sms);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(blocks), TrW::kThreads, TrW::kSmem, stream>>>(p, tma, static_cast<int>(tiles));
   return cudaGetLastError();
@@ -160,39 +155,29 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
   if (mblocks == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;
   const dim3 grid(mblocks, p.h_q, p.b);
   switch (kc.fwd) {
-    case FwdKernel::kSm90:
-      if constexpr (tiles::has_sm90(HD)) {
-        using Tr90 = sm90::FwdSm90Traits<HD>;
-        static_assert(Tr90::kBlockM == Tr::kBlockM, "same grid");
-        cudaError_t e = prepare_smem(sm90::fwd_sm90_kernel<T, HD>, Tr90::kSmem);
-        if (e != cudaSuccess) return e;
-        const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, Tr90::kBlockM, Tr90::kBlockN);
-        sm90::fwd_sm90_kernel<T, HD><<<grid, Tr90::kThreads, Tr90::kSmem, stream>>>(p, tma);
-        return cudaGetLastError();
-      }
-      return cudaErrorInvalidValue;
     case FwdKernel::kSm90Ws:
+      // One consumer count per variant (tiles::sm90_ws_*_consumers; dispatch.cpp, ws_consumers): the plain variant
+      // at every tile of tiles::has_sm90_fwd_ws, the dropout and bias variants (not both) at tiles 64 and 128.
       if constexpr (tiles::has_sm90_fwd_ws(HD)) {
-        if (kc.dropout) {  // dropout variant: 2 consumers (tiles::sm90_ws_dropout_consumers), no bias
+        if (kc.dropout) {
           if constexpr (tiles::has_sm90(HD)) {
-            if (kc.bias || kc.fwd_consumers != 2) return cudaErrorInvalidValue;
-            return launch_fwd_ws<T, HD, 2, false, true>(p, kc, stream);
+            constexpr int kNC = tiles::sm90_ws_dropout_consumers(HD);
+            if (kc.bias || kc.fwd_consumers != kNC) return cudaErrorInvalidValue;
+            return launch_fwd_ws<T, HD, kNC, false, true>(p, kc, stream);
           }
           return cudaErrorInvalidValue;
         }
-        if (kc.bias) {  // bias variants: 2 consumers (both tiles), 3 at tile 64
+        if (kc.bias) {
           if constexpr (tiles::has_sm90(HD)) {
-            if constexpr (HD == 64) {
-              if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3, true>(p, kc, stream);
-            }
-            return launch_fwd_ws<T, HD, 2, true>(p, kc, stream);
+            constexpr int kNC = tiles::sm90_ws_bias_consumers(HD);
+            if (kc.fwd_consumers != kNC) return cudaErrorInvalidValue;
+            return launch_fwd_ws<T, HD, kNC, true>(p, kc, stream);
           }
           return cudaErrorInvalidValue;
         }
-        if constexpr (HD == 64) {
-          if (kc.fwd_consumers == 3) return launch_fwd_ws<T, HD, 3>(p, kc, stream);
-        }
-        return launch_fwd_ws<T, HD, 2>(p, kc, stream);
+        constexpr int kNC = tiles::sm90_ws_default_consumers(HD);
+        if (kc.fwd_consumers != kNC) return cudaErrorInvalidValue;
+        return launch_fwd_ws<T, HD, kNC>(p, kc, stream);
       }
       return cudaErrorInvalidValue;
     case FwdKernel::kSm80Paged: {
@@ -258,9 +243,14 @@ sm90::Sm90Tma dkdv_tma_maps(const Params& p, const KernelChoice& kc, int block_m
   return tma;
 }
 
-// The Hopper dK dV kernel with BM query rows per step (KernelChoice::dkdv_block_m) and the variant kc names.
+// The Hopper dK dV kernel with BM query rows per step (KernelChoice::dkdv_block_m) and the variant kc names. Only the
+// heights the rule gives are compiled (tiles::dkdv_sm90_block_m): the plain variant at its height for HD, the bias
+// and dropout variants at 64 rows.
 template <typename T, int HD, int BM>
 cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 grid, cudaStream_t stream) {
+  constexpr bool kPlain = tiles::dkdv_sm90_block_m(HD, true) == BM;
+  constexpr bool kExtra = tiles::dkdv_sm90_block_m(HD, false) == BM;
+  static_assert(!kExtra || BM == 64, "the bias / dropout variants' staging and keep bits are laid out for 64 rows");
   using Tr90 = sm90::DkvSm90Traits<HD, false, false, BM>;
   static_assert(Tr90::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
   if (!dkdv_sm90_workspace_ok(p, kc)) return cudaErrorInvalidValue;
@@ -269,27 +259,30 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   // The group sum of dS for d_bias needs its shared-memory accumulator (tile 64 only: dispatch.cpp).
   if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
   if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
-  auto kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, false, BM>
-                    : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, false, BM>;
+  void (*kernel)(const Params, const sm90::Sm90Tma) = nullptr;
   int smem = Tr90::kSmem, threads = Tr90::kThreads;
-  if constexpr (BM == 64) {
-    // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
-    using Tr90B = sm90::DkvSm90Traits<HD, true>;
-    // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
-    // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
-    using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
-    if (kc.bias) {
-      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
-                   : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
-      smem = kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
-    } else if (kc.dropout) {
-      kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>;
-      smem = Tr90D::kSmem;
-      threads = Tr90D::kThreads;
+  if (kc.bias || kc.dropout) {
+    if constexpr (kExtra) {
+      // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
+      using Tr90B = sm90::DkvSm90Traits<HD, true>;
+      // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
+      // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
+      using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
+      if (kc.bias) {
+        kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
+                     : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
+        smem = kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
+      } else {
+        kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>;
+        smem = Tr90D::kSmem;
+        threads = Tr90D::kThreads;
+      }
     }
-  } else if (kc.bias || kc.dropout) {
-    return cudaErrorInvalidValue;  // 128 rows per step: the plain variants only (DkvSm90Traits)
+  } else if constexpr (kPlain) {
+    kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, false, BM>
+                 : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, false, BM>;
   }
+  if (kernel == nullptr) return cudaErrorInvalidValue;  // a height the rule does not give this variant
   cudaError_t e = prepare_smem(kernel, smem);
   if (e != cudaSuccess) return e;
   return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));

@@ -10,8 +10,8 @@
 // MHA layer at once the forward's K / V working set is 128 MiB, 2.6x the H200's L2. The section size is the
 // dispatch's (dispatch.cpp, fwd_section_pairs; l2_section_pairs below); section 0 (or >= pairs) is one section, the
 // plain order. The idea is FlashAttention-3's L2-aware longest-first scheduler. The dK dV kernel keeps the plain
-// order: in sections of 9 or 11 pairs its backward measured slower, the deterministic one by 7-11% (bench/RESULTS.md,
-// 2026-12-03 thirteenth session: more blocks of one pair at once wait for each other's dq turns and reduce-adds).
+// order: in sections of 9 or 11 pairs its backward measured slower, the deterministic one by 7-11% (more blocks of
+// one pair at once wait for each other's dq turns and reduce-adds: bench/log/2026-12-03-forward-l2-sections.md).
 // scheduler.cuh applies the plain order to blockIdx; the deterministic Hopper backward applies it to a ticket
 // (dq_order.hpp).
 #pragma once

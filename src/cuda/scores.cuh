@@ -222,7 +222,7 @@ __device__ __forceinline__ void make_logits(float (&s)[NT][4], const Params& p, 
   // Prefetched (registers) or staged (shared memory): one branch for the tile, none per element; the words four at a
   // time (Pre::words4). A branch per element around the loads below (either path taken at run time) made the
   // warp-specialised forward's bias variant 10 k instructions long, and instruction-cache misses (BSYNC,
-  // stall_no_inst) its most-sampled stall (ncu, bench/RESULTS.md 2026-12-02). A tile whose every element of this
+  // stall_no_inst) its most-sampled stall (ncu, bench/log/2026-12-02-bias-tma.md). A tile whose every element of this
   // warp's fragment is visible (no mask, rows / columns inside len_q: warp-uniform) takes no compare or select and
   // one FFMA per element, in natural units (sc_out; the Hopper kernels, the only callers with a pre, all pass it).
   if (pre != nullptr && pre->on) {

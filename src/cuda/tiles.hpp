@@ -33,14 +33,12 @@ constexpr int dkdv_warps(int hd) { return hd <= 128 ? 8 : 4; }
 constexpr int dkdv_block_n(int hd) { return 16 * dkdv_warps(hd); }
 constexpr int dkdv_block_m(int hd) { return hd <= 128 ? 64 : 32; }
 
-// Hopper (sm_90a) kernels, head-dim tiles 64 and 128: the backward, the software-pipelined forward and the
-// warp-specialised forward's bias / dropout variants.
+// Hopper (sm_90a) kernels, head-dim tiles 64 and 128: the backward and the warp-specialised forward's bias / dropout
+// variants.
 constexpr bool has_sm90(int hd) { return hd == 64 || hd == 128; }
 // The warp-specialised forward's plain variant (no bias, no dropout) also runs tiles 192 and 256 (keys per step:
 // sm90_ws_block_n).
 constexpr bool has_sm90_fwd_ws(int hd) { return has_sm90(hd) || hd == 192 || hd == 256; }
-constexpr int fwd_sm90_block_m(int) { return 128; }
-constexpr int fwd_sm90_block_n(int hd) { return hd == 64 ? 64 : 128; }
 // The dK dV kernel at tile 256 (hopper/bwd_dkdv_sm90_wide.cuh): the head dim split between the two warpgroups,
 // 64 keys a block, no bias / dropout variant. Tile 192 stays on the sm_80 backward (its 96-column halves would
 // start inside a 64-column swizzle panel and cross the next: not built).
@@ -54,9 +52,12 @@ constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ?
 // math warpgroups draw them (their 254 registers leave none for a third warpgroup: bwd_dkdv_sm90.cuh).
 constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 
-// Forward windows on the Hopper kernel: a window that leaves a block of fwd_sm90_block_m query rows fewer keys than
-// this (block_m + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS sliding layer, window 127:
-// 0.166 ms sm_80 vs 0.187 ms Hopper; one or two blocks per SM spend much of a short block in the pipeline prologue).
+// Forward windows on the Hopper kernel: a window bounded on both sides that leaves kSm90FwdWindowRows query rows
+// fewer keys than kSm90FwdMinWindowKeys (rows + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS
+// sliding layer, window 127: 0.166 ms sm_80 against 0.187 ms on the first, software-pipelined Hopper forward, and
+// 0.168-0.170 against 0.211-0.216 ms on the warp-specialised one: bench/RESULTS.md; one or two blocks per SM spend
+// much of a short block in the pipeline prologue).
+constexpr int kSm90FwdWindowRows = 128;
 constexpr int kSm90FwdMinWindowKeys = 512;
 // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
 // step up to tile 128, 64 at tiles 192 / 256 (the two-stage K / V ring and a 128-row Q tile fit the 227 KiB of shared

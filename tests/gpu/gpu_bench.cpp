@@ -2,19 +2,24 @@
 // bf16, b = 2, s = 4096, causal, the shapes of bench/RESULTS.md. CUDA events around `reps` calls after
 // warm-up, inputs rotated over several sets so they are not all in L2. FLOPs (NOTES-kernels.md):
 // forward 4 * b * h_q * d * (visible pairs), backward 2.5x that. "det" columns: the deterministic backward
-// (deterministic = 1) and its speed relative to the default one (bwd ms / bwd det ms; issue 12's target >= 0.85).
-// Beyond the three layers (issue 12's target table), rows selected by name only (`all` runs every row):
+// (deterministic = 1) and its speed relative to the default one (bwd ms / bwd det ms). bench/RESULTS.md holds the
+// targets. Beyond the three layers, rows selected by name only (`all` runs every row):
 //   "+bias"     a post-scale bias [1, 1, s, s] bf16 (one matrix shared by the batch and the heads, as a relative
 //               position bias) with its gradient d_bias (summed over b and h_q); "x plain" = the plain row's
-//               time / this row's, forward / backward (issue 12's target >= 0.75)
+//               time / this row's, forward / backward
 //   "+dropout"  dropout_p 0.1 (the forward writes rng_state, the backward regenerates the keep mask)
 //   "hd256", "-16k"  head dim 256 (h 16), and one sequence of 16384 tokens (b 1) of the GPT-OSS full and MHA layers
+// --json FILE also writes the rows as JSON (the GPU, the UTC time, the command, one object per row with the printed
+// columns): the input of tools/results_dashboard.py, which builds bench/RESULTS.md from such files.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,13 +64,31 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
   CK(cudaMemcpy(p, h.data(), elems * 2, cudaMemcpyHostToDevice));
   return p;
 }
+
+// "2026-12-05T17:40:00Z"
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Usage: sinkattn_gpu_bench [reps] [shape-substring] (e.g. `1 mha` to profile one shape's kernels with ncu;
-  // `all`: every row, the extra ones included).
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
-  const std::string only = argc > 2 ? argv[2] : "";
+  // Usage: sinkattn_gpu_bench [reps] [shape-substring] [--json FILE] (e.g. `1 mha` to profile one shape's kernels
+  // with ncu; `all`: every row, the extra ones included).
+  std::vector<std::string> args;
+  std::string json_path, command = "sinkattn_gpu_bench";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+      continue;
+    }
+    args.push_back(argv[i]);
+    command += std::string(" ") + argv[i];
+  }
+  const int reps = args.size() > 0 ? std::atoi(args[0].c_str()) : 20;
+  const std::string only = args.size() > 1 ? args[1] : "";
   const Shape shapes[] = {{"gpt-oss-full", 2, 4096, 64, 8, 64, -1, true},
                           {"gpt-oss-sliding", 2, 4096, 64, 8, 64, 127, true},
                           {"mha-d128", 2, 4096, 32, 32, 128, -1, false},
@@ -79,6 +102,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);
+  nlohmann::ordered_json report = {{"tool", "sinkattn_gpu_bench"}, {"command", command}, {"date", utc_now()},
+                                   {"gpu", prop.name},           {"reps", reps},       {"dtype", "bf16"},
+                                   {"rows", nlohmann::ordered_json::array()}};
   std::printf("%-20s %10s %10s %10s %10s %10s %12s %8s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
               "f+b ms", "bwd det ms", "det x", "x plain");
   std::mt19937 rng(1);
@@ -193,8 +219,8 @@ int main(int argc, char** argv) {
     }
     // The default and the deterministic (atomic-free) backward in alternation, each rep both in an order that
     // alternates, so that clock and power drift over the run hit both alike and "det x" compares like with like
-    // (the deterministic calls used to come last; both ways read the same within 0.01 on the H200,
-    // bench/RESULTS.md 2026-12-03 twelfth session).
+    // (the deterministic calls used to come last; both ways read the same within 0.01 on the H200:
+    // bench/log/2026-12-03-deterministic-release.md).
     for (int r = 0; r < reps + 3; ++r) {
       set(r % kSets);
       for (int k = 0; k < 2; ++k) {
@@ -208,15 +234,28 @@ int main(int argc, char** argv) {
     const float f = median(tf), b = median(tb), bd = median(td);
     // "x plain": against the row of the same layer without bias / dropout measured earlier in this run
     char plain_col[32] = "-";
+    nlohmann::ordered_json row = {{"shape", name}, {"b", sh.b}, {"s", sh.s}, {"h_q", sh.h_q}, {"h_kv", sh.h_kv},
+                                  {"d", sh.d}, {"window_left", sh.window_left}, {"sinks", sh.sinks},
+                                  {"bias", sh.bias}, {"dropout_p", sh.dropout_p}};
     if (sh.bias || sh.dropout_p > 0) {
       const std::string layer = name.substr(0, name.find('+'));
       for (const Plain& pl : plain)
-        if (pl.name == layer) std::snprintf(plain_col, sizeof plain_col, "%.2f/%.2f", pl.fwd / f, pl.bwd / b);
+        if (pl.name == layer) {
+          std::snprintf(plain_col, sizeof plain_col, "%.2f/%.2f", pl.fwd / f, pl.bwd / b);
+          row["plain_fwd_ms"] = pl.fwd;
+          row["plain_bwd_ms"] = pl.bwd;
+        }
     } else {
       plain.push_back({name, f, b});
     }
     std::printf("%-20s %10.3f %10.1f %10.3f %10.1f %10.3f %12.3f %8.3f %10s\n", sh.name, f, fwd_flop / f * 1e-9, b,
                 2.5 * fwd_flop / b * 1e-9, f + b, bd, b / bd, plain_col);
+    row["fwd_ms"] = f;
+    row["fwd_tflops"] = fwd_flop / f * 1e-9;
+    row["bwd_ms"] = b;
+    row["bwd_tflops"] = 2.5 * fwd_flop / b * 1e-9;
+    row["det_bwd_ms"] = bd;
+    report["rows"].push_back(row);
     for (int i = 0; i < kSets; ++i) {
       cudaFree(q[i]);
       cudaFree(k[i]);
@@ -224,6 +263,14 @@ int main(int argc, char** argv) {
       cudaFree(dout[i]);
     }
     for (void* x : {out, dq, dk, dv, lse, sinks, dsinks, ws, bias, dbias, rng_state}) cudaFree(x);
+  }
+  if (!json_path.empty()) {
+    std::ofstream js(json_path);
+    js << report.dump(1) << "\n";
+    if (!js) {
+      std::printf("could not write %s\n", json_path.c_str());
+      return 1;
+    }
   }
   return 0;
 }

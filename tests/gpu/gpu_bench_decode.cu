@@ -1,5 +1,5 @@
 // Decode speed of the CUDA backend through the C ABI, at GPT-OSS-120B's attention shape (h_q 64, h_kv 8, d 64,
-// learnable sinks), bf16 paged cache, one new token per sequence (issue 13; bench/RESULTS.md):
+// learnable sinks), bf16 paged cache, one new token per sequence (bench/RESULTS.md, decode):
 //   page size 16 and 64 x batch 1, 8, 64, 256 x context 1k, 8k, 32k, 128k x full layer and sliding layer
 //   (window_left 127, window_right 0); every sequence holds `context` keys in randomly permuted pages.
 // Per configuration: microseconds per call from CUDA events around a CUDA graph of R calls replayed many times (no
@@ -8,7 +8,9 @@
 // sequence and KV head) / time. Measured in the same run: device-to-device copy bandwidth (cudaMemcpyAsync, bytes
 // read + written / time, as CUDA's bandwidthTest counts it) and the launch-latency floor (an empty kernel per call,
 // graph-replayed the same way). Configurations whose cache does not fit in free device memory are skipped and said.
-// Usage: sinkattn_gpu_bench_decode [iters] [filter-substring] [num_splits]
+// Usage: sinkattn_gpu_bench_decode [iters] [filter-substring] [num_splits] [--json FILE]
+// --json FILE also writes the run as JSON (the GPU, the UTC time, the command, the copy and launch-floor figures and
+// one object per configuration): the input of tools/results_dashboard.py, which builds bench/RESULTS.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +18,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -91,9 +96,24 @@ Timing time_calls(int n_calls, F&& call, int iters, cudaStream_t st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
-  const std::string only = argc > 2 ? argv[2] : "";
-  const int force_splits = argc > 3 ? std::atoi(argv[3]) : 0;
+  std::vector<std::string> args;
+  std::string json_path, command = "sinkattn_gpu_bench_decode";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+      continue;
+    }
+    args.push_back(argv[i]);
+    command += std::string(" ") + argv[i];
+  }
+  const int iters = args.size() > 0 ? std::atoi(args[0].c_str()) : 50;
+  const std::string only = args.size() > 1 ? args[1] : "";
+  const int force_splits = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
+  char date[32];
+  {
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t st;
@@ -124,6 +144,14 @@ int main(int argc, char** argv) {
               copy_gbs, floor_t.graph_us, floor_t.stream_us);
   std::printf("%-8s %4s %5s %7s %10s %10s %10s %9s %8s %8s\n", "layer", "page", "batch", "context", "KV read MB",
               "us (graph)", "us (strm)", "GB/s", "% copy", "x floor");
+  nlohmann::ordered_json report = {
+      {"tool", "sinkattn_gpu_bench_decode"}, {"command", command},
+      {"date", date},                        {"gpu", prop.name},
+      {"sms", prop.multiProcessorCount},     {"shape", {{"h_q", kHq}, {"h_kv", kHkv}, {"d", kD}}},
+      {"iters", iters},                      {"num_splits", force_splits},
+      {"copy_gbs", copy_gbs},                {"floor_graph_us", floor_t.graph_us},
+      {"floor_stream_us", floor_t.stream_us}, {"rows", nlohmann::ordered_json::array()},
+      {"skipped", nlohmann::ordered_json::array()}};
 
   std::mt19937 rng(1);
   const int batches[] = {1, 8, 64, 256};
@@ -139,6 +167,7 @@ int main(int argc, char** argv) {
       if (need > free_b * 0.95) {
         std::printf("%-8s %4s %5d %7d %10.0f  skipped: needs %.1f GB, %.1f GB free\n", "both", "both", b, ctx,
                     cache_bytes / 1e6, need / 1e9, free_b / 1e9);
+        report["skipped"].push_back({{"batch", b}, {"context", ctx}, {"need_gb", need / 1e9}, {"free_gb", free_b / 1e9}});
         continue;
       }
       uint16_t *k, *v;
@@ -225,6 +254,14 @@ int main(int argc, char** argv) {
           const double gbs = bytes / (t.graph_us * 1e-6) * 1e-9;
           std::printf("%-8s %4d %5d %7d %10.2f %10.2f %10.2f %9.1f %7.1f%% %8.2f\n", layer, ps, b, ctx, bytes / 1e6,
                       t.graph_us, t.stream_us, gbs, 100.0 * gbs / copy_gbs, t.graph_us / floor_t.graph_us);
+          report["rows"].push_back({{"layer", layer},
+                                    {"page", ps},
+                                    {"batch", b},
+                                    {"context", ctx},
+                                    {"kv_mb", bytes / 1e6},
+                                    {"us_graph", t.graph_us},
+                                    {"us_stream", t.stream_us},
+                                    {"gbs", gbs}});
           std::fflush(stdout);
           if (wsp) cudaFree(wsp);
         }
@@ -233,7 +270,13 @@ int main(int argc, char** argv) {
       for (void* x : {static_cast<void*>(k), static_cast<void*>(v), q, out, lse, sinks, used}) cudaFree(x);
     }
   }
-  std::printf("target (issue 13): >= 80%% of copy bandwidth where KV read >= 64 MB; within 2x of the launch floor "
-              "for the small ones\n");
+  if (!json_path.empty()) {
+    std::ofstream js(json_path);
+    js << report.dump(1) << "\n";
+    if (!js) {
+      std::printf("could not write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
   return 0;
 }

@@ -12,7 +12,7 @@
 # Env: BUILD_DIR (default build-cuda; its cli/sinkattn and libsinkattn), LAYERS (default "gptoss mha"),
 #      KERNEL (the kernel the details and SASS pages profile, an ncu -k filter; default regex:bwd_dkdv_sm90; e.g.
 #      regex:fwd_sm90_ws for the forward of the bias rows), KERNELS_ONLY=1 (only the per-kernel durations),
-#      PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_DQ_ATOMICS=1"), TAG (file suffix).
+#      PROF_ENV (extra environment for the profiled process, e.g. "SINKATTN_CUDA_NO_TMA=1"), TAG (file suffix).
 # ncu gets --clock-control none (device/METHOD.md: leave the clocks alone).
 set -u
 cd "$(dirname "$0")/../.."

@@ -52,6 +52,9 @@ real work in that step):
   backward, which sends their dk/dv straight back. Memory: O(window_left + c) key rows per device.
 
 Not supported here (raise): bias, segment ids / sequence lengths, dropout, non-causal windows.
+
+The static schedule (zig-zag order, band pieces and their transfers, the mask rules) is framework-free and shared
+with the PyTorch ring (``sinkattn.torch.distributed``): ``sinkattn/_context_parallel.py``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from jax.sharding import PartitionSpec as P
 from .attention import attention_backward, dot_product_attention, vma_typing_supported
 from .reference import resolve_softmax_type
 from .sharding import _axes, _spec_entry
+from .._context_parallel import RingPlan, resolve_ring_masks as _resolve_masks, ring_schedule, zigzag_order
 
 __all__ = [
     "ring_dot_product_attention",
@@ -84,14 +88,6 @@ _BIG = 1 << 30  # a window bound wider than any sequence (SPEC.md: same as no wi
 # ----------------------------------------------------------------------------------------------------------------
 # zig-zag layout helpers
 # ----------------------------------------------------------------------------------------------------------------
-def zigzag_order(num_shards: int):
-    """Chunk order of the zig-zag layout: device r holds chunks r and 2p-1-r, i.e. [0, 2p-1, 1, 2p-2, ...]."""
-    order = []
-    for r in range(num_shards):
-        order += [r, 2 * num_shards - 1 - r]
-    return order
-
-
 def _zigzag_chunks(x, num_shards, axis):
     n = x.shape[axis]
     if n % (2 * num_shards):
@@ -142,132 +138,19 @@ def _merge_sink(out, lse, sigma):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the static schedule
+# the static schedule (sinkattn._context_parallel, shared with the PyTorch ring)
 # ----------------------------------------------------------------------------------------------------------------
-class _Layout:
-    """Device r holds ``slots`` chunks of ``c`` rows: contiguous chunk r, or zig-zag chunks r and 2p-1-r."""
-
-    def __init__(self, p, t_loc, zigzag):
-        self.p = p
-        self.slots = 2 if zigzag else 1
-        self.c = t_loc // self.slots
-
-    def chunk(self, r, u):
-        return r if u == 0 else 2 * self.p - 1 - r
-
-    def home(self, b):
-        """(device, slot) holding global chunk b."""
-        if self.slots == 1 or b < self.p:
-            return b, 0
-        return 2 * self.p - 1 - b, 1
-
-
-def _band(c, delta, window_left):
-    """Query chunk a against key chunk a - delta (delta >= 1) under a causal window: None if no pair is visible,
-    else (query rows [0, rows), key rows [e, c), mask of the sliced call). Key j' (of the slice) is visible to
-    query i iff j' >= i + (delta c - e - window_left)."""
-    e = delta * c - window_left
-    if e >= c:
-        return None
-    if e <= -(c - 1):
-        return c, 0, {}
-    if e <= 0:
-        return c, 0, dict(local_window_size=(-e, _BIG))
-    return c - e, e, dict(local_window_size=(0, _BIG))
-
-
-class _Transfer:
-    """One ppermute of a band piece: static source -> destination pairs, and per device the slot it sends."""
-
-    def __init__(self, p):
-        self.pairs = []
-        self.send_slot = np.zeros(p, np.int32)
-        self.sender = np.zeros(p, bool)
-        self.receiver = np.zeros(p, bool)
-
-
-class _Piece:
-    """A band piece (local chunk slot u, distance delta >= 1), the same static description on every device."""
-
-    def __init__(self, layout, u, delta, rows, e, mask):
-        p = layout.p
-        self.u, self.delta, self.rows, self.e, self.mask = u, delta, rows, e, mask
-        self.valid = np.zeros(p, bool)
-        self.local = np.zeros(p, bool)
-        self.local_slot = np.zeros(p, np.int32)
-        self.transfers = []
-        for r in range(p):
-            b = layout.chunk(r, u) - delta
-            if b < 0:
-                continue
-            self.valid[r] = True
-            d, s = layout.home(b)
-            if d == r:  # the key chunk is this device's other slot (zig-zag, r = p - 1)
-                self.local[r], self.local_slot[r] = True, s
-                continue
-            for tr in self.transfers:  # a device sends at most one array per ppermute
-                if not tr.sender[d]:
-                    break
-            else:
-                tr = _Transfer(p)
-                self.transfers.append(tr)
-            tr.pairs.append((d, r))
-            tr.sender[d], tr.send_slot[d], tr.receiver[r] = True, s, True
-
-
-class _Plan:
-    """Static description of the ring (everything known at trace time)."""
+class _Plan(RingPlan):
+    """The shared static plan plus the softmax scale of the fused calls."""
 
     def __init__(self, *, p, t_loc, is_causal, window_left, layout, scale):
-        self.p = p
-        self.t_loc = t_loc
+        super().__init__(p=p, t_loc=t_loc, is_causal=is_causal, window_left=window_left, layout=layout)
         self.scale = scale
-        total = p * t_loc
-        if window_left is not None and window_left >= total - 1:
-            window_left = None  # the band covers every causal pair
-        self.window_left = window_left
-        zigzag = layout == "zigzag" and is_causal
-        self.layout = _Layout(p, t_loc, zigzag)
-        if not is_causal:
-            self.mode = "full"
-        elif window_left is not None:
-            self.mode = "band"
-        else:
-            self.mode = "zigzag" if zigzag else "causal"
-        self.pieces = []
-        if self.mode == "band":
-            c = self.layout.c
-            for u in range(self.layout.slots):
-                for delta in range(1, (window_left + c - 1) // c + 1):
-                    band = _band(c, delta, window_left)
-                    if band is None:
-                        continue
-                    piece = _Piece(self.layout, u, delta, *band)
-                    if piece.valid.any():
-                        self.pieces.append(piece)
-
-    def describe(self):
-        """Per device: the fused forward calls and the key rows received (for tests and the README)."""
-        c, slots = self.layout.c, self.layout.slots
-        if self.mode == "band":
-            calls = [(c, c, "causal window")] * slots + [(pc.rows, c - pc.e, "band") for pc in self.pieces]
-            return dict(mode=self.mode, calls=calls, ppermutes=sum(len(pc.transfers) for pc in self.pieces),
-                        key_rows_received=sum(c - pc.e for pc in self.pieces if pc.transfers))
-        if self.mode == "zigzag":
-            calls = [(2 * c, 2 * c, "causal")] + [(c, c, "full")] * (2 * (self.p - 1))
-        else:
-            calls = [(self.t_loc, self.t_loc, "causal" if self.mode == "causal" else "full")] * self.p
-        return dict(mode=self.mode, calls=calls, ppermutes=self.p - 1, key_rows_received=(self.p - 1) * self.t_loc)
 
 
-def ring_schedule(*, axis_size, local_len, is_causal=False, local_window_size=None, layout="contiguous"):
-    """The static schedule ring attention uses on every device (no arrays needed): dict(mode, calls = [(query rows,
-    key rows, mask)] of the fused forward calls, ppermutes = collective-permutes in the forward, key_rows_received).
-    E.g. ``ring_schedule(axis_size=8, local_len=4096, local_window_size=(127, 0))`` (GPT-OSS sliding layer,
-    32k tokens on 8 devices): one 4096 x 4096 causal-window call and one 127 x 127 call, 127 key rows received."""
-    is_causal, window_left, layout = _resolve_masks(is_causal, local_window_size, layout, local_len)
-    return _Plan(p=axis_size, t_loc=local_len, is_causal=is_causal, window_left=window_left, layout=layout,
-                 scale=1.0).describe()
+def _piece_mask(piece):
+    """The JAX op's mask arguments of a band piece (top-left window, right side unbounded)."""
+    return {} if piece.window_left is None else dict(local_window_size=(piece.window_left, _BIG))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,7 +250,7 @@ def _band_forward(plan, axis_name, q, k, v):
         o, l = _fwd(plan, qs[u], *kv_slots[u], dict(is_causal=True, local_window_size=(W, 0)))
         accs.append((o.astype(jnp.float32), l))
     for pc, (kb, vb) in zip(plan.pieces, fetched):
-        o, l = _fwd(plan, _rows(qs[pc.u], pc.rows), kb, vb, pc.mask)
+        o, l = _fwd(plan, _rows(qs[pc.u], pc.rows), kb, vb, _piece_mask(pc))
         l = _mask_lse(_flag(pc.valid, r), l)
         out_u, lse_u = accs[pc.u]
         mo, ml = _merge(_rows(out_u, pc.rows), _rows(lse_u, pc.rows, 2), o, l)
@@ -390,7 +273,7 @@ def _band_backward(plan, axis_name, q, k, v, fetched, out, lse, d_out, d_lse):
     for pc, (kb, vb) in zip(plan.pieces, fetched):
         n, u = pc.rows, pc.u
         dqp, dkp, dvp = _bwd(plan, _rows(qs[u], n), kb, vb, _rows(os_[u], n), _rows(ls_[u], n, 2),
-                             _rows(dos[u], n), _rows(dls[u], n, 2), pc.mask)
+                             _rows(dos[u], n), _rows(dls[u], n, 2), _piece_mask(pc))
         dq[u] = _set_rows(dq[u], n, _rows(dq[u], n) + _mask_zero(_flag(pc.valid, r), dqp))
         # dk/dv of the fetched rows go straight back to the chunk's device, into the slot they came from
         back = []
@@ -520,22 +403,6 @@ def _make_ring(plan, axis_name):
 
     ring.defvjp(fwd, bwd)
     return ring
-
-
-def _resolve_masks(is_causal, local_window_size, layout, t_loc):
-    """(is_causal, window_left or None, layout) of a ring call; raises for what the ring does not support."""
-    if layout not in ("contiguous", "zigzag"):
-        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
-    window_left = None
-    if local_window_size is not None:
-        wl, wr = (local_window_size, local_window_size) if isinstance(local_window_size, int) else local_window_size
-        if not is_causal and wr != 0:
-            raise NotImplementedError("ring attention supports causal sliding windows (window_left, 0) only")
-        window_left = None if wl is None or wl < 0 else int(wl)
-        is_causal = True
-    if layout == "zigzag" and is_causal and t_loc % 2:
-        raise ValueError("zig-zag layout needs an even local block length")
-    return is_causal, window_left, layout
 
 
 def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None, softmax_type=None,

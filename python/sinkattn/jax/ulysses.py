@@ -34,12 +34,11 @@ Not supported (raise): bias (a [T, S] tensor per head has no place in long-conte
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from .._context_parallel import ulysses_kv_replication
 from .attention import dot_product_attention, vma_typing_supported
 from .ring import zigzag_permute, zigzag_unpermute
 from .sharding import _axes, _axis_size, _spec_entry
@@ -49,17 +48,6 @@ __all__ = ["ulysses_dot_product_attention", "ulysses_attention_shard", "ulysses_
 _DENSE_VECTORS = ("query_seq_lengths", "key_value_seq_lengths")
 _REPLICATED = ("cu_seqlens_q", "cu_seqlens_kv")
 _UNSUPPORTED = ("bias", "dropout_rng")
-
-
-def ulysses_kv_replication(num_heads: int, num_kv_heads: int, axis_size: int) -> int:
-    """How many times each KV head is replicated before the all-to-all: p / gcd(K, p) (1 when p divides K).
-    Raises ValueError when the query heads cannot be split: N % p != 0, or N % K != 0."""
-    if num_heads % num_kv_heads:
-        raise ValueError(f"ulysses: query heads N={num_heads} must be a multiple of KV heads K={num_kv_heads}")
-    if num_heads % axis_size:
-        raise ValueError(f"ulysses: query heads N={num_heads} must be divisible by the {axis_size} devices of the "
-                         f"sequence axis (each device gets N / p query heads for the whole sequence)")
-    return axis_size // math.gcd(num_kv_heads, axis_size)
 
 
 def _check_unsupported(kwargs):

@@ -6,6 +6,15 @@ interface), trained and run with the fused sink forward and backward.
     model = AutoModelForCausalLM.from_config(GptOssConfig(...), attn_implementation="sinkattn")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sinkattn")
 
+One config object per model: transformers keeps the attention implementation in the model's config, and
+``from_config(cfg, attn_implementation=...)`` (also ``GptOssForCausalLM._from_config``) uses ``cfg`` itself, not a
+copy. A second model built from the same config object with another ``attn_implementation`` therefore switches the
+first model's attention as well, silently (seen with transformers 5.25: an "eager" model then runs "sinkattn").
+To compare sinkattn with another implementation, give each model its own config::
+
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sinkattn")
+
 ``register`` adds ``attention_forward`` to ``transformers.AttentionInterface`` and FlashAttention's mask function
 (a 2-D padding mask or None: no dense mask is built) to ``AttentionMaskInterface`` under a name without "flash"
 (transformers swaps names containing it for GPT-OSS to its own kernels). What reaches the attention function:
@@ -24,6 +33,22 @@ interface), trained and run with the fused sink forward and backward.
 
 The padding and packing paths read lengths back to the host (as HF's FlashAttention path does); the cu_seqlens they
 build are trusted by the library (no second check). Dense batches read nothing back.
+
+Context parallelism (the sequence split over a process group, ``sinkattn.torch.distributed``):
+
+    name = sinkattn.torch.hf.register_context_parallel(cp_group, mode="ring", layout="zigzag")   # "sinkattn_cp"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+    ids, pos, labels = cp_inputs(input_ids, cp_group, layout="zigzag")   # this rank's tokens, global positions
+    loss = model(input_ids=ids, position_ids=pos, labels=labels, shift_labels=labels,
+                 num_items_in_batch=n_global).loss                        # local sum / global count
+    loss.backward()                                   # then sum the parameter gradients over cp_group (DDP / FSDP)
+
+Every rank holds the model and its block of every sequence; position ids are the tokens' global positions (rotary
+embeddings are per token, so the zig-zag order needs nothing else), labels are shifted once globally (the shift of
+HF's loss would cross the block boundaries), and each rank's loss is its tokens' summed loss over the global token
+count, so that the sum of the ranks' gradients is the unsharded model's gradient. The attention function leaves
+d_sinks local (``reduce_d_sinks=False``): the sinks are a parameter like every other, summed over the group by the
+framework (DDP / FSDP over the context-parallel ranks, or an all-reduce), not counted twice.
 """
 
 from __future__ import annotations
@@ -35,9 +60,10 @@ import torch
 
 from .attention import dot_product_attention
 
-__all__ = ["NAME", "register", "attention_forward"]
+__all__ = ["NAME", "register", "attention_forward", "CP_NAME", "register_context_parallel", "cp_inputs"]
 
 NAME = "sinkattn"
+CP_NAME = "sinkattn_cp"
 _TRUST_CU_SEQ_LENS = [False]
 
 
@@ -153,3 +179,70 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.view(b, s_q, h_q, d_v), None
 
     return dot_product_attention(q, k, v, **opts), None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# context parallelism
+# ----------------------------------------------------------------------------------------------------------------
+def register_context_parallel(group=None, mode: str = "ring", layout: str = "zigzag", name: str = CP_NAME,
+                              reduce_d_sinks: bool = False) -> str:
+    """Registers a context-parallel attention function with transformers under ``name`` and returns the name: every
+    attention layer of a model built with ``attn_implementation=name`` calls ``sinkattn.torch.distributed``'s
+    ``ring_attention`` (``mode="ring"``) or ``ulysses_attention`` (``mode="ulysses"``) over ``group`` (None: the
+    default group) on its rank's block of the sequence, in ``layout`` order ("zigzag": the ring's load-balanced
+    causal layout; "contiguous"), with the layer's sinks and sliding window. See the module docstring for the inputs
+    (:func:`cp_inputs`) and the gradient reduction; ``reduce_d_sinks``: all-reduce d_sinks in the attention instead
+    of leaving it to the framework (only when nothing else sums the model's gradients over ``group``).
+
+    Not supported (raise): padding masks (pack or fill the sequences instead), attention dropout, softcap."""
+    if "flash" in name.lower():
+        raise ValueError(f"sinkattn: the name {name!r} contains 'flash', which transformers replaces for GPT-OSS")
+    if mode not in ("ring", "ulysses"):
+        raise ValueError(f"sinkattn: mode must be 'ring' or 'ulysses', got {mode!r}")
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"sinkattn: layout must be 'contiguous' or 'zigzag', got {layout!r}")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    from . import distributed
+
+    fn = distributed.ring_attention if mode == "ring" else distributed.ulysses_attention
+
+    def cp_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                             sliding_window=None, softcap=None, is_causal=None, s_aux=None, **kwargs):
+        """query [b, h_q, s/p, d], key / value [b, h_kv, s/p, d] (HF's layout, this rank's block) -> (out
+        [b, s/p, h_q, d_v], None)."""
+        if softcap is not None:
+            raise ValueError("sinkattn: softcap is not supported (SPEC.md has no logit soft-capping)")
+        if dropout:
+            raise NotImplementedError("sinkattn: attention dropout is not supported with context parallelism")
+        if attention_mask is not None:
+            raise NotImplementedError("sinkattn: padding masks are not supported with context parallelism (every "
+                                      "rank holds a block of each sequence): pack or fill the sequences instead")
+        q, k, v = (x.transpose(1, 2) for x in _same_dtype(module, query, key, value))
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        window = (-1, -1)
+        if sliding_window is not None and sliding_window > 0:
+            window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+        out = fn(q, k, v, group=group, learnable_sink=s_aux, softmax_scale=scaling, causal=causal,
+                 window_size=window, layout=layout, reduce_d_sinks=reduce_d_sinks)
+        return out, None
+
+    AttentionInterface.register(name, cp_attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+def cp_inputs(input_ids: torch.Tensor, group=None, layout: str = "zigzag", labels: Optional[torch.Tensor] = None,
+              ignore_index: int = -100):
+    """(input_ids, position_ids, shift_labels) of this rank for a context-parallel causal LM step: the rank's block
+    (``layout`` order, as ``register_context_parallel``'s) of the tokens [b, s], of their global positions and of
+    the labels shifted once over the whole sequence (labels default to input_ids; the last position gets
+    ``ignore_index``). s must be divisible by p (2p for zigzag). Pass the labels as both ``labels`` and
+    ``shift_labels``, and ``num_items_in_batch`` = the global count of labels != ignore_index."""
+    from .distributed import shard_sequence
+
+    labels = input_ids if labels is None else labels
+    shift = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=ignore_index)
+    pos = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[0], -1)
+    return tuple(shard_sequence(x, group, dim=1, layout=layout).contiguous() for x in (input_ids, pos, shift))

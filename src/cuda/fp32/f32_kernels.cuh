@@ -286,7 +286,7 @@ F32_HD int64_t ws_index(const KParams& p, int64_t n, int64_t h, int64_t i) { ret
 // double), ws_dm = D_i - d_lse_i, ws_dsink = P_sink_i * (d_lse_i - D_i) with P_sink_i = exp(sigma - LSE_i)
 // (learnable). D_i and dP_ij are accumulated in double on this path: dS_ij = P_ij (dP_ij - D_i) and the d_sinks
 // terms are differences of nearly equal dot products where a row sees one key beside the sink, and fp32 sums
-// over d there miss SPEC.md section 5's fixed fp32 bound (bench/RESULTS.md 2026-12-01, fourth and fifth sessions).
+// over d there miss SPEC.md section 5's fixed fp32 bound (bench/log/2026-12-01-fp32-double-accumulation.md).
 // Padding rows (and grid rows past a varlen sequence) write 0 to both and read nothing.
 F32_HD void preprocess_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
   const Seq s = seq_of(p, n);

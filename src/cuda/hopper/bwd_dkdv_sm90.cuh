@@ -34,8 +34,8 @@
 // the ws_dq tensor map's 32-column boxes: conflict-free float2 stores) and added to ws_dq by TMA reduce-adds that
 // thread 0 issues after the next barrier (the reduce unit does the adds; before this, 2 * HD / 8 float2 atomics per
 // thread and step); thread 0 waits for the reduce-adds of two steps ago to have read their buffer before the
-// barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks and
-// SINKATTN_CUDA_DQ_ATOMICS=1 add with per-thread atomics.
+// barrier that precedes the stores into it, and for all of them before the block exits. Partial blocks, and every
+// block without a dq tensor map (SINKATTN_CUDA_NO_TMA=1, fewer rows than a block), add with per-thread atomics.
 // kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
 // descending, a step that opens a turn (every step, or with a bias the first step of a query block: DqTurns,
 // dq_turn_per_step) reads its counter early and, before its dQ adds, waits for its turn while dQ and dK run (thread 0

@@ -1,7 +1,6 @@
-// CUDA backend, Hopper: the per-key-block steps of one consumer warpgroup (64 query rows) that both Hopper
-// forward kernels are made of (SPEC.md section 2): fwd_sm90.cuh (software-pipelined, 2 warpgroups) and
-// fwd_sm90_ws.cuh (warp-specialised, 2 or 3 consumer warpgroups); each kernel keeps only its own loads,
-// synchronisation and pipeline order around them.
+// CUDA backend, Hopper: the per-key-block steps of one consumer warpgroup (64 query rows) that the Hopper forward
+// (fwd_sm90_ws.cuh, warp-specialised, 2 or 3 consumer warpgroups) is made of (SPEC.md section 2), apart from its
+// loads, synchronisation and pipeline order; and the forward's tensor maps (Sm90FwdTma).
 //   fwd_issue_s:   S = Q K^T of one key block of BN keys, an m64nBNk16 wgmma chain over the head dim (A = Q,
 //                  B = K, both K-major from the 128-byte-swizzled row panels of sm90_common.cuh), committed,
 //                  not waited for;
@@ -12,11 +11,13 @@
 // The wgmma accumulator of a warp is the mma.sync C layout (rows g and g + 8 of the warp's 16), so OnlineSoftmax,
 // make_logits and the epilogue (epilogue.cuh) work on it unchanged.
 // The order of these steps over a tile's key blocks (S_j issued with P_{j-1} V_{j-1}, wait for S_j, softmax while
-// P V runs, wait, rescale, pack) is the same in both kernels but written out in each: one function template taking
-// the kernels' waits / turns / releases as lambdas (tried, nvcc 13.0) cost fwd_sm90_kernel 10 registers at head dim
-// 64 (110 -> 120) and 13 at 128 (222 -> 235; integer arithmetic moved off the uniform datapath) and the
-// warp-specialised kernel's 2-consumer variants 4-5 % more SASS instructions, also with each loop's index kept.
+// P V runs, wait, rescale, pack) is written out in the kernel, not here: one function template taking the kernel's
+// waits / turns / releases as lambdas (tried, nvcc 13.0) cost the warp-specialised kernel's 2-consumer variants
+// 4-5 % more SASS instructions (and the first, software-pipelined Hopper forward 10 / 13 registers), also with each
+// loop's index kept.
 #pragma once
+
+#include <cuda.h>
 
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/hopper/wgmma_ops.cuh"
@@ -26,6 +27,15 @@
 #include "cuda/softmax.cuh"
 
 namespace sinkattn::cuda::sm90 {
+
+// Tensor maps of q, k, v for the forward's TMA loads (launch.cuh, fwd_tma_maps): 4-d (d, rows, heads, b) of 16-bit
+// elements, box 64 x a block of rows, 128-byte swizzle; ok = 0: none (every tile through cp.async).
+// bias: the kBias variant stages the bias tiles by TMA (KernelChoice::fwd_bias_tma): 4-d (s_kv, s_q, bias heads,
+// bias batches), box 64 keys x kBlockM queries; bias_ok = 0: none (each thread loads its fragment from global memory).
+struct Sm90FwdTma {
+  CUtensorMap q, k, v, bias;
+  int ok, bias_ok;
+};
 
 // S (64 x BN, BN = 8 NT) = Q K^T: sQ_wg = this warpgroup's 64 rows of a Q tile of QROWS rows (1024-byte aligned:
 // 64 rows of every panel), sK = a K tile of BN rows, both HD wide.

@@ -10,7 +10,7 @@
 //         m_new = max(m, rowmax(S_j) * scale * log2 e), P_j = exp2(S_j * c - m_new), l = l * alpha + rowsum(P_j)
 //         O = O * alpha + P_{j} V_{j}     (wgmma, A = P from registers)
 //     with the online softmax of softmax.cuh unchanged (the sink as an already-seen key: m = sigma log2 e, l = 1;
-//     the S and P V wgmma chains and the softmax step are fwd_sm90_mainloop.cuh's, shared with fwd_sm90.cuh),
+//     the S and P V wgmma chains and the softmax step are fwd_sm90_mainloop.cuh's),
 //     S_j issued together with P_{j-1} V_{j-1} (intra-warpgroup overlap: the softmax of S_j runs while the tensor
 //     cores compute P V), and release K_j / V_{j-1} to the producer ("empty" mbarriers) as soon as their wgmmas
 //     retire;
@@ -35,7 +35,6 @@
 
 #include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
-#include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
@@ -425,8 +424,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           }
         };
 
-        // The step order of fwd_sm90.cuh's pipeline, with this kernel's waits, turns and releases (written out in
-        // each kernel: fwd_sm90_mainloop.cuh says why).
+        // The steps of fwd_sm90_mainloop.cuh in their pipeline order, with this kernel's waits, turns and releases
+        // (written out here: fwd_sm90_mainloop.cuh says why).
         uint32_t ap[BN / 16][4];
         {
           float s[NT][4];
