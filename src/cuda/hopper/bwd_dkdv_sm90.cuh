@@ -20,7 +20,7 @@
 // K, V (loaded once, cp.async) and the staged dS^T are in the 128-byte-swizzled row-panel layout too: dS^T's stores
 // are conflict-free (a warp's 8 rows x 4 column pairs hit 32 distinct banks); K as dQ's MN-major B operand starts
 // at column n0 (at head dim 64, 64 bytes into the swizzle atom: the hardware swizzles the absolute address).
-// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01 second session):
+// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01, H200, 25b4f5e):
 // within 1% (not the reason for the kernel's speed); kept so that every tile of the kernel has one layout.
 // Q, dO are double-buffered in the 128-byte-swizzled row-panel layout (sm90_common.cuh): a query block with all
 // 64 rows valid is loaded by TMA (2 * HD / 64 boxes of 64 columns x 64 rows, one thread, completion on an mbarrier
@@ -42,8 +42,8 @@
 // alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one lane per warp), and the step
 // after the turn's last one releases it (thread 0, once the reduce-adds have completed, while that step's dQ and dK
 // run; the thread issues no loads in this variant, kLoader). Releasing later (one more step, or by warp 7 after the
-// next barrier) measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03 twelfth
-// session). Why these turns: dq_order.hpp.
+// next barrier) measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03, H200,
+// dfffab6). Why these turns: dq_order.hpp.
 #pragma once
 
 #include <type_traits>
@@ -103,7 +103,7 @@ struct DkvSm90Traits {
   // At 128 rows P^T and dS^T stay in registers as at 64 (A operands of dV and dK): 255 registers and 140 bytes of
   // spill stores (ptxas -v). Staging P^T in shared memory for dV and reading dS^T from sdS for dK (84 bytes of
   // spills) measured slower on the H200: GPT-OSS full backward 2.10-2.12 ms against 1.93-1.94 (bench/RESULTS.md,
-  // 2026-12-03 fifteenth session).
+  // 2026-12-03, 09990b7).
   // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
   // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
   // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
@@ -133,7 +133,7 @@ struct DkvSm90Traits {
 // (128 arrivals, one per producer thread, after its stores) and empty[b] (256, one per math thread, after its
 // loads; a warpgroup without work in the step arrives without waiting for full[b]: the math warpgroups' step
 // barrier keeps it from arriving for a later step first). Named barriers (bar.arrive / bar.sync) did the same
-// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02 tenth session).
+// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02, H200, 0bd71a3).
 constexpr int kBarMath = 1;
 struct KeepBars {
   uint64_t full[2], empty[2];
@@ -245,7 +245,7 @@ struct DkvBlock {
 // key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
 // keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
 // kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
-// bench/RESULTS.md, 2026-12-02 tenth session: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
+// bench/RESULTS.md, 2026-12-02, H200, 0bd71a3: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
 // warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per scheduler, both
 // in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4 blocks in
 // flight per thread measured as fast as 8 and faster than 16.
@@ -351,8 +351,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const int hk = kt.hk, n = kt.n, j0 = kt.j0, qb_lo = blk.qb_lo, nq = blk.nq, iters = nq * p.group;
   // (query head of the group, query block) of each step. kBias: query-block-major (the order of kDet) also without
   // kDet, so the heads of a group read one bias tile in consecutive steps: head-major, the non-deterministic bias
-  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth
-  // session).
+  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, H200,
+  // 299693c).
   using Order = StepOrder<kDet || kBias>;
   using Turns = DqTurns<dq_turn_per_step(kBias)>;  // kDet
 
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   // thread has in flight. So threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D, and lane 0 of warp 1 issues
   // the step's Q / dO TMA loads and stages the bias tiles: with thread 0 issuing them, the release waited for the
   // next step's tiles, 0.24 ms of the deterministic backward at the MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md,
-  // 2026-12-03 twelfth session).
+  // 2026-12-03, H200, dfffab6).
   constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;  // BM 128: threads 128 .. 255
   auto issue = [&](int buf, int ih, int iq) {
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
         // A step that opens a turn closes the previous one: it goes to the next key block. Its atomics preceded this
         // step's first barrier and its reduce-adds (the last of them issued after that barrier) are waited for here,
         // while dQ and dK run: before the barrier that precedes them, this wait and the release's fence (MEMBAR.GPU)
-        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session). Then this block's
+        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01, H200, 193dd4b). Then this block's
         // turn in the query block's order, before its adds.
         blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
       }

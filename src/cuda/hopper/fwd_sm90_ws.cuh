@@ -20,7 +20,7 @@
 //   - kDropout: the keep bits of every key block come from two places: the consumers draw those of their fragment's
 //     first kConsumerSlices 8-key slices while S and P V run (Dropout::keep_bits), warps 1 .. 3 of the producer
 //     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are
-//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02 eleventh session: with the producer alone
+//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02, H200, 1651c86: with the producer alone
 //     it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split measured).
 // Tiles (kBlockM query rows of one (sequence, head)) in scheduler.hpp's longest-first order over the whole launch (in
 // L2 sections of p.fwd_section heads):
@@ -357,8 +357,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         };
         // kBias with 2 consumers: the block's bias, read into registers after its S is issued and before it is
         // waited for: from the staged tile (bias_smem) or from global memory. With 3 (128 registers a thread) the 32
-        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, fifth
-        // session): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
+        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, H200,
+        // 299693c): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
         // A staged tile's buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
         // kDropout: the keep bits of slices nt < kCS of block i, drawn after its S is issued and before it is waited
