@@ -53,8 +53,11 @@
 #include "cuda/bwd_rows.cuh"
 #include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
-#include "cuda/hopper/sm90_common.cuh"
 #include "cuda/dq_order.hpp"
+#include "cuda/hopper/bwd_sm90_dq.cuh"
+#include "cuda/hopper/bwd_sm90_prologue.cuh"
+#include "cuda/hopper/keep_producers.cuh"
+#include "cuda/hopper/sm90_common.cuh"
 #include "cuda/hopper/wgmma_ops.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/prologue.cuh"
@@ -62,20 +65,6 @@
 #include "cuda/scores.cuh"
 
 namespace sinkattn::cuda::sm90 {
-
-// Tensor maps of q and d_out for the kernel's TMA loads (built by the launcher, launch.cuh): 4-d (d, rows, h_q, b)
-// of 16-bit elements, box 64 x 64 x 1 x 1, 128-byte swizzle; dense: rows = s_q, b = p.b; varlen: rows = total
-// rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
-// dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
-// TMA reduce-adds of the fused dq (both modes); dq_ok = 0: none (per-thread atomics instead).
-// bias: kBias (KernelChoice::dkdv_bias_tma), the bias as a 4-d map (s_kv, s_q, bias heads, bias batches), box 64 keys
-// x 64 queries: at head dim 64 each step's bias tile is staged with its Q / dO on the same mbarrier (two buffers);
-// at 128 into one buffer, a step ahead, on its own mbarrier (bias_bar); bias_ok = 0: none (bias^T loaded by each
-// thread from global memory).
-struct Sm90Tma {
-  CUtensorMap q, d_out, dq, bias;
-  int ok, dq_ok, bias_ok;
-};
 
 template <int HD, bool kBias_ = false, bool kDropout_ = false, int BM_ = 64>
 struct DkvSm90Traits {
@@ -127,169 +116,6 @@ struct DkvSm90Traits {
   // floats) summed over the group in shared memory, [kBlockM / 2][kConsumers] floats after the barriers.
   static constexpr int kSmemDbiasSum = kSmem + kConsumers * (kBlockM / 2) * 4;
 };
-
-// The keep producer's variant: named barrier 1 synchronises the math warpgroups alone (256 threads, their step
-// barriers; 0 is __syncthreads). The keep buffers are handed over on mbarriers after sKeep (KeepBars): full[b]
-// (128 arrivals, one per producer thread, after its stores) and empty[b] (256, one per math thread, after its
-// loads; a warpgroup without work in the step arrives without waiting for full[b]: the math warpgroups' step
-// barrier keeps it from arriving for a later step first). Named barriers (bar.arrive / bar.sync) did the same
-// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02, H200, 0bd71a3).
-constexpr int kBarMath = 1;
-struct KeepBars {
-  uint64_t full[2], empty[2];
-};
-
-// Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
-// (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
-// value checked later). wait_turn: from the value `seen` of such a load, loads again until the counter reaches
-// `turn`; the adds of the earlier turns are then visible to the thread (and, through the caller's __syncwarp, to
-// its warp), and a proxy fence orders the TMA reduce-adds the thread issues afterwards after that acquire.
-// release_turn: a proxy fence (the block's completed TMA reduce-adds, bulk_wait, before what follows), then adds 1
-// with release semantics, after the caller's barrier (every atomic add of the block before it).
-__device__ __forceinline__ unsigned load_turn(const unsigned* sem) {
-  unsigned v = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
-#endif
-  return v;
-}
-__device__ __forceinline__ void wait_turn(const unsigned* sem, unsigned turn, unsigned seen) {
-  while (seen < turn) {
-    __nanosleep(32);
-    seen = load_turn(sem);
-  }
-  fence_proxy_async_global();
-}
-__device__ __forceinline__ void release_turn(unsigned* sem) {
-  fence_proxy_async_global();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
-#endif
-}
-
-// The prologue of both Hopper dK dV kernels (this file's and bwd_dkdv_sm90_wide.cuh's). dkdv_tile: the block's tile,
-// under kDet the tile of a ticket taken in launch order (every block it will wait for then holds a smaller one:
-// dq_order.hpp; `ticket` is a shared word), else longest first. DkvBlock: its key tile, the mask of its sequence and
-// the query blocks qb_lo .. qb_lo + nq - 1 of BM rows that see its keys (a block past its sequence's keys has none;
-// the kernels then wait in pdl_wait and return, so that the dq convert's wait for the grid implies the
-// preprocess's completion), and the steps of the deterministic dq's turns (kDet; dq_order.hpp): open_turn,
-// pass_turn, release_last_turn.
-template <bool kDet>
-__device__ __forceinline__ TileCoord dkdv_tile(const Params& p, unsigned* ticket, int tid) {
-  if constexpr (kDet) {
-    if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
-    __syncthreads();
-    return tile_of_linear(*ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
-  } else {
-    (void)p;
-    (void)ticket;
-    (void)tid;
-    return scheduled_tile(false);
-  }
-}
-template <int BM, int BN>
-struct DkvBlock {
-  KeyTile<BN> kt;
-  Mask mk;
-  int qb_lo = 0, nq = 0;
-  __device__ __forceinline__ DkvBlock(const Params& p, const TileCoord& tc) : kt(p, tc), mk(p, kt.sq) {
-    kt.template query_blocks<BM>(mk, qb_lo, nq);
-  }
-  // The semaphore of the turn (DqTurns) of step (query head ih of the group, query block qb_lo + iq); nullptr when
-  // the block is >= n_qb, which only batch tensors that break the max_seqlen_q contract give (unvalidated under graph
-  // capture; no counter outside the workspace is touched then, and such a call's dq is unspecified anyway).
-  template <typename Turns>
-  __device__ __forceinline__ unsigned* dq_sem(const Params& p, int ih, int iq) const {
-    const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq;
-    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(kt.n, Turns::head(kt.hk, p.group, ih), p.h_q, n_qb, qb) : nullptr;
-  }
-  // A thread that will wait for the turn of step (ih, iq): its semaphore, and the counter read early into `seen`
-  // (its latency hides behind the step's first products); nullptr: no semaphore (dq_sem).
-  template <typename Turns>
-  __device__ __forceinline__ const unsigned* open_turn(const Params& p, int ih, int iq, unsigned& seen) const {
-    const unsigned* sem = dq_sem<Turns>(p, ih, iq);
-    if (sem != nullptr) seen = load_turn(sem);
-    return sem;
-  }
-  // While step `it` (ih, iq) runs its dQ and dK products: a step that opens a turn closes the previous one (thread
-  // 0, once its own reduce-adds of it have completed: bulk_wait; every thread's atomics of it preceded this step's
-  // barriers), then the threads that wait (`waits`, with open_turn's `sem` and `seen`) wait for this block's turn
-  // (tile `block`, the key block's position in the query block's order) before the step's adds; __syncwarp passes
-  // the wait on to their warps.
-  template <typename Turns>
-  __device__ __forceinline__ void pass_turn(const Params& p, int block, int tid, int it, int ih, int iq, bool waits,
-                                            const unsigned* sem, unsigned seen) const {
-    if (tid == 0 && it > 0 && Turns::opens(ih)) {
-      int ih_prev = ih, iq_prev = iq;
-      Turns::previous(p.group, ih_prev, iq_prev);
-      unsigned* prev = dq_sem<Turns>(p, ih_prev, iq_prev);
-      bulk_wait<0>();
-      if (prev != nullptr) release_turn(prev);
-    }
-    if (waits && sem != nullptr) wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, block, qb_lo + iq)), seen);
-    __syncwarp();
-  }
-  // After the steps and a barrier that follows every thread's adds (and thread 0's completed reduce-adds): thread 0
-  // releases the block's last turn.
-  template <typename Turns>
-  __device__ __forceinline__ void release_last_turn(const Params& p, int tid) const {
-    int ih_last, iq_last;
-    Turns::last(p.group, ih_last, iq_last);
-    unsigned* last = dq_sem<Turns>(p, ih_last, iq_last);
-    if (tid == 0 && last != nullptr) release_turn(last);
-  }
-};
-
-// kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
-// warpgroups' order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c:
-// key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
-// keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
-// kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
-// bench/RESULTS.md, 2026-12-02, H200, 0bd71a3: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
-// warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per scheduler, both
-// in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4 blocks in
-// flight per thread measured as fast as 8 and faster than 16.
-template <int BM, int BN, typename Order, typename KeyTileT>
-__device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
-                                              uint64_t* sKeep, KeepBars* kb, int rt) {
-  static_assert(BM == 64 && BN == 128, "128 threads x (4 keys x 16 queries)");
-  constexpr int kIlp = 4;
-  const int m = rt >> 2, q = rt & 3;
-  const int jq = kt.j0 + 4 * m;  // this thread's first key
-  int vlo = 0, vhi = 0;          // queries that see a key of the quad
-  if (jq < mk.len_kv) mk.query_range(jq, min(jq + 4, mk.len_kv), vlo, vhi);
-  uint16_t* keep16 = reinterpret_cast<uint16_t*>(sKeep);
-  const int iters = nq * p.group;
-  int ih, iq;
-  Order::first(nq, p.group, ih, iq);
-  for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1;
-    if (it >= 2) mbar_wait(&kb->empty[buf], ((it >> 1) - 1) & 1);  // the math threads' loads of step it - 2
-    const Dropout dr(p, kt.n, kt.hk * p.group + ih);
-    const int ib = (qb_lo + iq) * BM + 16 * q;
-    uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
-    auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per step
-#pragma unroll 1
-      for (int c0 = 0; c0 < 16; c0 += kIlp) {
-        if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
-          uint32_t kq[kIlp];
-#pragma unroll
-          for (int c = 0; c < kIlp; ++c)
-            kq[c] = dr.template keep_key_quad<decltype(aligned)::value>(ib + c0 + c, jq, p.s_kv);
-#pragma unroll
-          for (int c = 0; c < kIlp; ++c)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) rows[k] |= ((kq[c] >> k) & 1u) << (c0 + c);
-        }
-      }
-    };
-    Dropout::by_key_alignment(p.s_kv, draw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
-    mbar_arrive(&kb->full[buf]);
-    Order::next(nq, p.group, ih, iq);
-  }
-}
 
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits the producer warpgroup (keep_producer, head dim 64) drew into sKeep, read after the S^T /
@@ -504,7 +330,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
+      if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
     const T* q_cur = sQ + buf * BM * HD;
     const T* do_cur = sdO + buf * BM * HD;
@@ -691,7 +517,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
         // while dQ and dK run: before the barrier that precedes them, this wait and the release's fence (MEMBAR.GPU)
         // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01, H200, 193dd4b). Then this block's
         // turn in the query block's order, before its adds.
-        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
+        pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
       }
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
@@ -739,7 +565,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   if constexpr (kDet) {
     if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       math_sync();
-      blk.template release_last_turn<Turns>(p, tid);
+      release_last_dq_turn<Turns>(blk, p, tid);
     }
   }
   cp_async_wait<0>();

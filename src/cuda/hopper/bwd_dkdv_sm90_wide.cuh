@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
+      if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
     const T* q_cur = q_tile(buf);
     const T* do_cur = do_tile(buf);
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
       if constexpr (kDet) {
         // Release the previous turn (its reduce-adds were issued after this step's first barrier), then wait for
         // this step's, while dQ and dK run.
-        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
+        pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
       }
       // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
       wgmma_wait<1>();  // dV, dQ (dK still running)
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   if constexpr (kDet) {
     if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       __syncthreads();
-      blk.template release_last_turn<Turns>(p, tid);
+      release_last_dq_turn<Turns>(blk, p, tid);
     }
   }
   cp_async_wait<0>();

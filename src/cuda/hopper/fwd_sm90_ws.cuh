@@ -37,6 +37,7 @@
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/fwd_sm90.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
+#include "cuda/hopper/keep_producers.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/scheduler.cuh"
@@ -85,54 +86,6 @@ struct FwdWsTraits {
                                kBars * 8 + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
-
-// kDropout's keep producer (warps 1 .. 3 of the producer warpgroup, rt = 0 .. 95): for every key block the consumers
-// will visit, in their order (the ring position `it` counts the block's key blocks over its tiles, as theirs does),
-// the keep bits of the tile's BM queries x BN keys (SPEC.md section 2, Dropout::keep_key_quad: 4 keys of one
-// query per Philox block) into sKeep[it % KS] once the consumers have read what the stage held KS blocks before.
-// Unit u = (row u / C, 16-key chunk CH0 + u % C; chunks below CH0 are the consumers' own, never written): 4 Philox
-// blocks in flight when s_kv % 4 == 0 (keep_key_quad<true>; otherwise one block per key, drawn one after another),
-// bits 0 for a row past len_q or a chunk the row sees no key of (P = 0 there). keep_full[s] takes
-// one arrival per producer thread, keep_empty[s] one per consumer warp.
-template <int BM, int BN, int KS, int NTHR, int CH0, typename TileAt>
-__device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles, const TileAt& tile_at,
-                                                  uint16_t* sKeep, uint64_t* keep_full, uint64_t* keep_empty,
-                                                  int rt) {
-  constexpr int C = BN / 16 - CH0, kUnits = BM * C;  // chunks CH0 .. BN / 16 - 1 of every row
-  int it = 0;
-  for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
-    const auto t = tile_at(L);
-    if (t.nblocks == 0) continue;
-    const Mask mk(p, t.sq);
-    const Dropout dr(p, t.n, t.h);
-    for (int i = 0; i < t.nblocks; ++i, ++it) {
-      const int s = it % KS, j0 = (t.nb_lo + i) * BN;
-      mbar_wait(&keep_empty[s], ((it / KS) & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
-      uint16_t* dst = sKeep + s * BM * (BN / 16);
-      auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per block
-#pragma unroll 1
-        for (int u = rt; u < kUnits; u += NTHR) {
-          const int r = u / C, ch = CH0 + u % C, row = t.m0 + r, jc = j0 + 16 * ch;
-          uint32_t bits = 0;
-          if (row < t.sq.len_q) {
-            int lo, hi;
-            mk.key_range(row, row + 1, lo, hi);
-            if (jc < hi && jc + 16 > lo) {
-              uint32_t kq[4];
-#pragma unroll
-              for (int q = 0; q < 4; ++q)
-                kq[q] = dr.template keep_key_quad<decltype(aligned)::value>(row, jc + 4 * q, p.s_kv);
-              bits = kq[0] | kq[1] << 4 | kq[2] << 8 | kq[3] << 12;
-            }
-          }
-          dst[r * (BN / 16) + ch] = static_cast<uint16_t>(bits);
-        }
-      };
-      Dropout::by_key_alignment(p.s_kv, draw);
-      mbar_arrive(&keep_full[s]);
-    }
-  }
-}
 
 // Named barriers 1 .. kNC (sm90_common.cuh's named_bar_sync / named_bar_arrive) order the consumer warpgroups'
 // wgmma issue.
