@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/params.cuh"
 #include "cuda/prologue.cuh"
@@ -54,5 +55,15 @@ struct DkvBlock {
   }
 };
 
+
+// K and V of the block's key tile (rows past the sequence's keys and columns past d / d_v zero-filled) into the
+// swizzled row panels by cp.async, NTHREADS threads (the caller commits and waits for the group).
+template <int HD, int NTHREADS, typename T, int BN>
+__device__ __forceinline__ void load_kv_sw(T* sK, T* sV, const KeyTile<BN>& kt, const Params& p, int tid) {
+  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
+  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
+  load_tile_sw<BN, HD, NTHREADS>(sK, kg, p.k_st.s, kt.sq.len_kv - kt.j0, p.d, tid);
+  load_tile_sw<BN, HD, NTHREADS>(sV, vg, p.v_st.s, kt.sq.len_kv - kt.j0, p.d_v, tid);
+}
 
 }  // namespace sinkattn::cuda::sm90

@@ -17,14 +17,39 @@
 namespace sinkattn::cuda::sm90 {
 
 // The dK dV kernel's variant with a keep producer (DkvSm90Traits::kKeepProducer): named barrier kBarMath
-// synchronises the math warpgroups alone (256 threads, their step barriers; 0 is __syncthreads). The keep buffers are handed over on mbarriers after sKeep (KeepBars): full[b]
-// (128 arrivals, one per producer thread, after its stores) and empty[b] (256, one per math thread, after its
-// loads; a warpgroup without work in the step arrives without waiting for full[b]: the math warpgroups' step
-// barrier keeps it from arriving for a later step first). Named barriers (bar.arrive / bar.sync) did the same
-// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02, H200, 0bd71a3).
+// synchronises the math warpgroups alone (256 threads, their step barriers; 0 is __syncthreads). The keep buffers
+// are handed over on mbarriers after sKeep (KeepBars): full[b] (128 arrivals, one per producer thread, after its
+// stores) and empty[b] (256, one per math thread, after its loads; a warpgroup without work in the step arrives
+// without waiting for full[b]: the math warpgroups' step barrier keeps it from arriving for a later step first).
+// Named barriers (bar.arrive / bar.sync) did the same handover; racecheck reported hazards on sKeep under them
+// (bench/RESULTS.md, 2026-12-02, H200, 0bd71a3).
 constexpr int kBarMath = 1;
 struct KeepBars {
   uint64_t full[2], empty[2];
+};
+
+// A math thread's keep bits of one step of the dK dV kernel (kDropout): its fragment rows r0, r0 + 8 (keys) x the
+// step's queries, in the kernel's lo / hi; DkvKeepBits(nt, e): element (nt, e) is kept. With the producer:
+// take_keep_bits reads them from its buffer, shifted so that bit 8 nt + (e & 1) of lo (row r0) / hi (row r0 + 8) is
+// element (nt, e)'s query column 8 nt + 2 t + (e & 1), and hands the buffer back. Without it (head dim 128): drawn
+// by the thread while S^T / dP^T run (Dropout::keep_bits), bit 4 nt + e of lo.
+template <int BN>
+__device__ __forceinline__ void take_keep_bits(const uint64_t* sKeep, KeepBars* kb, int buf, int it, int r0, int t,
+                                               uint64_t& lo, uint64_t& hi) {
+  mbar_wait(&kb->full[buf], (it >> 1) & 1);
+  lo = sKeep[buf * BN + r0] >> (2 * t);
+  hi = sKeep[buf * BN + r0 + 8] >> (2 * t);
+  mbar_arrive(&kb->empty[buf]);
+}
+template <bool kProducer>
+struct DkvKeepBits {
+  const uint64_t &lo, &hi;
+  __device__ __forceinline__ bool operator()(int nt, int e) const {
+    if constexpr (kProducer)
+      return ((e >> 1 ? hi : lo) >> (8 * nt + (e & 1))) & 1u;
+    else
+      return (lo >> (4 * nt + e)) & 1u;
+  }
 };
 
 // kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
