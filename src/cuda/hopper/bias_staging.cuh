@@ -81,4 +81,22 @@ __device__ __forceinline__ const auto* bias_t_source(const Pre& bias, const View
     return static_cast<const Pre*>(nullptr);
 }
 
+// ---- The warp-specialised forward.
+
+// The producer: the bias tile of query head h, queries m0 .. m0 + BM - 1, keys j0 .. j0 + BN - 1 (zeros outside the
+// tensor) into a ring stage dst, armed and completing on full (one thread).
+template <int BM, int BN, typename T>
+__device__ __forceinline__ void load_bias_tile_fwd(T* dst, const CUtensorMap& map, const Params& p, int n, int h,
+                                                   int m0, int j0, uint64_t* full) {
+  tma_load_tile_sw<BM, BN>(dst, &map, m0, p.bias_shape_h == 1 ? 0 : h, p.bias_shape_b == 1 ? 0 : n, full, j0);
+}
+// A consumer: waits for the staged tile of the key block at ring position bi (stage bi % S, its (bi / S)-th use) and
+// views it (rows r0 .., the warp's queries) for make_logits / BiasPrefetch::load_smem.
+template <typename Tr, typename T, typename View>
+__device__ __forceinline__ void stage_bias_fwd(View& view, T* sB, uint64_t* b_full, int bi, int r0, int lane) {
+  constexpr int S = Tr::kStages;
+  mbar_wait(&b_full[bi % S], static_cast<uint32_t>((bi / S) & 1));
+  view.bind(sB + (bi % S) * Tr::kBiasTile, r0, 0, lane);
+}
+
 }  // namespace sinkattn::cuda::sm90

@@ -151,4 +151,34 @@ __device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles
   }
 }
 
+// The warp-specialised forward's consumers (kDropout), after the softmax step of the key block at ring position ki:
+// P * keep / (1 - p) for the P V product (s keeps the undropped P / (1 - p) up to here: l has summed it). Slices
+// nt < kConsumerSlices from own (drawn by the thread, Dropout::keep_bits, bit 4 nt + e), the others from the words
+// fwd_keep_producer wrote to stage ki % KS: the thread's rows g, g + 8 of warp wl of consumer c, keys 8 nt + 2 t +
+// (e & 1) of the block (words shifted by 2 t; word 0, keys 0 .. 63, only where the producer drew some of them); the
+// stage is handed back (release: the warp's arrival on keep_empty) once read.
+template <typename Tr, int NT, typename Release>
+__device__ __forceinline__ void drop_p_fwd(float (&s)[NT][4], uint64_t own, const uint16_t* sKeep, uint64_t* keep_full,
+                                           uint64_t* keep_empty, int ki, int c, int wl, int lane,
+                                           const Release& release) {
+  constexpr int KS = Tr::kKeepStages, kCS = Tr::kConsumerSlices;
+  const int ks = ki % KS;
+  mbar_wait(&keep_full[ks], static_cast<uint32_t>((ki / KS) & 1));
+  const uint16_t* kr = sKeep + ks * Tr::kKeepTile + (c * 64 + wl * 16 + (lane >> 2)) * Tr::kKeepChunks;
+  static_assert(Tr::kBlockN == 128, "two 64-bit words of keep bits per row");
+  const uint64_t* k0 = reinterpret_cast<const uint64_t*>(kr);
+  const uint64_t* k8 = reinterpret_cast<const uint64_t*>(kr + 8 * Tr::kKeepChunks);
+  const int sh = 2 * (lane & 3);
+  constexpr bool kWord0 = kCS < 8;
+  const uint64_t w[2][2] = {{kWord0 ? k0[0] >> sh : 0, k0[1] >> sh}, {kWord0 ? k8[0] >> sh : 0, k8[1] >> sh}};
+  release(&keep_empty[ks]);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool kept = nt < kCS ? (own >> (4 * nt + e)) & 1u : (w[e >> 1][nt >> 3] >> (8 * (nt & 7) + (e & 1))) & 1u;
+      if (!kept) s[nt][e] = 0.f;
+    }
+}
+
 }  // namespace sinkattn::cuda::sm90
