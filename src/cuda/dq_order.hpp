@@ -1,6 +1,7 @@
-// CUDA backend: the fixed order in which the Hopper dK dV kernel adds dq in the deterministic backward
-// (deterministic = 1; hopper/bwd_dkdv_sm90.cuh with kDet), and the block order it depends on. Host + device code
-// (SINKATTN_HD) so that tests/test_mask_order.cpp checks the order, and that it cannot deadlock, on the CPU.
+// CUDA backend: the fixed order in which the Hopper dK dV kernels add dq in the deterministic backward
+// (deterministic = 1; their kDet variants, whose turns are hopper/bwd_sm90_dq.cuh's), and the block order it depends
+// on. Host + device code (SINKATTN_HD) so that tests/test_mask_order.cpp checks the order, and that it cannot
+// deadlock, on the CPU.
 //
 // The kernel runs one block per (key block kb, KV head hk, sequence n). dq_i = sum_j dS_ij k_j is accumulated in fp32
 // in the workspace (Params::ws_dq) by every key block that some row of i's query block sees. Deterministic mode:
