@@ -40,6 +40,10 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
+  std::string workspace_report(const Call& c) const override {
+    return c.pass == Pass::kForward ? cpu::forward_workspace_report(c) : cpu::backward_workspace_report(c);
+  }
+
   Status run(const Call& c) const override {
     return c.pass == Pass::kForward ? cpu::run_forward(c) : cpu::run_backward(c);
   }

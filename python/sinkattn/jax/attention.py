@@ -119,16 +119,20 @@ def _optional_operands(sinks, bias, d_lse, batch, rng):
 
 
 def _workspace(backward: bool, platform: str, tensors: dict, options: dict) -> int:
-    """The library's size query (raises SinkattnError with its message). For a platform other than JAX's default
-    one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid call is
-    not raised at trace time: the library re-validates when that branch runs and raises the same message then.
-    ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
+    """Bytes of the workspace buffer XLA allocates for the call: the library's size query (raises SinkattnError with
+    its message) on CUDA; 0 on the CPU, whose handler takes the workspace from the host heap, sized with the call's
+    batch tensors (the CPU backend's workspace follows the keys each sequence reads, which shapes cannot tell:
+    python/ffi/ffi_handlers.cpp), after the same query validated the call here. For a platform other than JAX's
+    default one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid
+    call is not raised at trace time: the library re-validates when that branch runs and raises the same message
+    then. ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
     try:
-        return _ffi.workspace_size(backward, platform, tensors, options)
+        size = _ffi.workspace_size(backward, platform, tensors, options)
     except _ffi.SinkattnError:
         if platform == _ffi.default_platform() or len(_ffi.platforms()) == 1:
             raise
         return 0
+    return 0 if platform == "cpu" else size
 
 
 def _call_on_platforms(fn, *args):
