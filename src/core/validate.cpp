@@ -80,17 +80,21 @@ class Checker {
     return Status::ok();
   }
 
-  Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want) const {
-    if (t.dtype != want)
-      return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
-    return Status::ok();
+  // `like`: the tensor whose dtype `want` is (q for k, v, out and the gradients; bias for d_bias), named in the
+  // message so that a caller who mixed dtypes learns which one must change.
+  Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want, const char* like = nullptr) const {
+    if (t.dtype == want) return Status::ok();
+    if (like != nullptr)
+      return invalid(std::string(name) + ": dtype must match " + like + "'s (" + dtype_name(want) + "), got " +
+                     dtype_name(t.dtype));
+    return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
   }
 
   // Full check against an expected shape.
   Status exact(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want_dtype,
-               const std::vector<int64_t>& want) const {
+               const std::vector<int64_t>& want, const char* like = nullptr) const {
     SINKATTN_RETURN_IF_ERROR(basic(name, t));
-    SINKATTN_RETURN_IF_ERROR(dtype(name, t, want_dtype));
+    SINKATTN_RETURN_IF_ERROR(dtype(name, t, want_dtype, like));
     bool same = t.rank == static_cast<int>(want.size());
     for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want[i];
     if (!same) return invalid(std::string(name) + ": shape must be " + dims_str(want) + ", got " + shape_str(t));
@@ -343,7 +347,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   for (const auto& [name, t] : {std::pair<const char*, const sinkattn_tensor_t*>{"k", &p.k}, {"v", &p.v}}) {
     if (!present(*t)) return invalid(std::string(name) + ": is required");
     SINKATTN_RETURN_IF_ERROR(chk.basic(name, *t));
-    SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype));
+    SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype, "q"));
     if (paged && t->rank != 4)
       return invalid(std::string(name) + ": with a page_table it is a page pool [num_pages, page_size, h_kv, " +
                      (t == &p.k ? "d" : "d_v") + "] (rank 4), got rank " + std::to_string(t->rank));
@@ -489,11 +493,11 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
       varlen ? std::vector<int64_t>{c.h_q, c.total_q} : std::vector<int64_t>{c.b, c.h_q, c.s_q};
   const auto shape_of = [](const sinkattn_tensor_t& t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); };
   const auto required = [&](const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t dt,
-                            const std::vector<int64_t>& shape) -> Status {
+                            const std::vector<int64_t>& shape, const char* like = nullptr) -> Status {
     if (!present(t)) return invalid(std::string(name) + ": is required for the " + (backward ? "backward" : "forward"));
-    return chk.exact(name, t, dt, shape);
+    return chk.exact(name, t, dt, shape, like);
   };
-  SINKATTN_RETURN_IF_ERROR(required("out", p.out, c.dtype, out_shape));
+  SINKATTN_RETURN_IF_ERROR(required("out", p.out, c.dtype, out_shape, "q"));
   SINKATTN_RETURN_IF_ERROR(required("softmax_lse", p.softmax_lse, SINKATTN_F32, lse_shape));
   c.out = row_strides(p.out, varlen);
   c.lse = lse_strides(p.softmax_lse, varlen);
@@ -509,10 +513,10 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     SINKATTN_RETURN_IF_ERROR(chk.exact("rng_seed_offset", p.rng_seed_offset, SINKATTN_I64, {2}));
 
   if (backward) {
-    SINKATTN_RETURN_IF_ERROR(required("d_out", p.d_out, c.dtype, out_shape));
-    SINKATTN_RETURN_IF_ERROR(required("dq", p.dq, c.dtype, shape_of(p.q)));
-    SINKATTN_RETURN_IF_ERROR(required("dk", p.dk, c.dtype, shape_of(p.k)));
-    SINKATTN_RETURN_IF_ERROR(required("dv", p.dv, c.dtype, shape_of(p.v)));
+    SINKATTN_RETURN_IF_ERROR(required("d_out", p.d_out, c.dtype, out_shape, "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dq", p.dq, c.dtype, shape_of(p.q), "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dk", p.dk, c.dtype, shape_of(p.k), "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dv", p.dv, c.dtype, shape_of(p.v), "q"));
     c.d_out = row_strides(p.d_out, varlen);
     c.dq = row_strides(p.dq, varlen);
     c.dk = row_strides(p.dk, varlen);
@@ -527,7 +531,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     }
     if (plan.d_bias == Use::kRequired) {
       if (!present(p.d_bias)) return invalid("d_bias: a backward with bias requires d_bias (shape and dtype of bias)");
-      SINKATTN_RETURN_IF_ERROR(chk.exact("d_bias", p.d_bias, p.bias.dtype, shape_of(p.bias)));
+      SINKATTN_RETURN_IF_ERROR(chk.exact("d_bias", p.d_bias, p.bias.dtype, shape_of(p.bias), "bias"));
       c.d_bias = bias_strides(p.d_bias);
     }
   }
