@@ -5,6 +5,7 @@
 // validate and run against its answer.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -18,7 +19,18 @@
 namespace sinkattn {
 namespace {
 
-const char* dtype_name(sinkattn_dtype_t t) {
+// The integer a caller stored in an enum field of sinkattn_params_t or sinkattn_tensor_t. C allows any int there, and in
+// C++ a load of a value outside the enum's range is undefined (UBSan's -fsanitize=enum reports it), so every enum
+// field is read through its bits until it has been checked.
+template <typename E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums of the ABI are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+const char* dtype_name(int32_t t) {
   switch (t) {
     case SINKATTN_F32: return "fp32";
     case SINKATTN_F16: return "fp16";
@@ -83,11 +95,12 @@ class Checker {
   // `like`: the tensor whose dtype `want` is (q for k, v, out and the gradients; bias for d_bias), named in the
   // message so that a caller who mixed dtypes learns which one must change.
   Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want, const char* like = nullptr) const {
-    if (t.dtype == want) return Status::ok();
+    const int32_t got = enum_bits(t.dtype);
+    if (got == want) return Status::ok();
     if (like != nullptr)
       return invalid(std::string(name) + ": dtype must match " + like + "'s (" + dtype_name(want) + "), got " +
-                     dtype_name(t.dtype));
-    return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
+                     dtype_name(got));
+    return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(got));
   }
 
   // Full check against an expected shape.
@@ -120,7 +133,7 @@ BiasStrides bias_strides(const sinkattn_tensor_t& t) {
   return {t.shape[0] == 1 ? 0 : t.strides[0], t.shape[1] == 1 ? 0 : t.strides[1], t.strides[2], t.strides[3]};
 }
 
-bool is_float_dtype(sinkattn_dtype_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
+bool is_float_dtype(int32_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
 
 const int32_t* host_i32(const sinkattn_tensor_t& t) { return static_cast<const int32_t*>(t.data); }
 
@@ -299,13 +312,15 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   const bool backward = pass == Pass::kBackward;
 
   // ---- options ----
-  if (p.softmax_type != SINKATTN_SOFTMAX_VANILLA && p.softmax_type != SINKATTN_SOFTMAX_OFF_BY_ONE &&
-      p.softmax_type != SINKATTN_SOFTMAX_LEARNABLE)
-    return invalid("softmax_type: must be VANILLA, OFF_BY_ONE or LEARNABLE, got " + std::to_string(int(p.softmax_type)));
-  if (p.mask_alignment != SINKATTN_ALIGN_BOTTOM_RIGHT && p.mask_alignment != SINKATTN_ALIGN_TOP_LEFT)
-    return invalid("mask_alignment: must be BOTTOM_RIGHT or TOP_LEFT, got " + std::to_string(int(p.mask_alignment)));
-  if (p.backend != SINKATTN_BACKEND_AUTO && p.backend != SINKATTN_BACKEND_CPU && p.backend != SINKATTN_BACKEND_CUDA)
-    return invalid("backend: must be AUTO, CPU or CUDA, got " + std::to_string(int(p.backend)));
+  const int32_t softmax_type = enum_bits(p.softmax_type), alignment = enum_bits(p.mask_alignment),
+                backend_id = enum_bits(p.backend);
+  if (softmax_type != SINKATTN_SOFTMAX_VANILLA && softmax_type != SINKATTN_SOFTMAX_OFF_BY_ONE &&
+      softmax_type != SINKATTN_SOFTMAX_LEARNABLE)
+    return invalid("softmax_type: must be VANILLA, OFF_BY_ONE or LEARNABLE, got " + std::to_string(softmax_type));
+  if (alignment != SINKATTN_ALIGN_BOTTOM_RIGHT && alignment != SINKATTN_ALIGN_TOP_LEFT)
+    return invalid("mask_alignment: must be BOTTOM_RIGHT or TOP_LEFT, got " + std::to_string(alignment));
+  if (backend_id != SINKATTN_BACKEND_AUTO && backend_id != SINKATTN_BACKEND_CPU && backend_id != SINKATTN_BACKEND_CUDA)
+    return invalid("backend: must be AUTO, CPU or CUDA, got " + std::to_string(backend_id));
   if (!(p.dropout_p >= 0.0 && p.dropout_p < 1.0))
     return invalid("dropout_p: must be in [0, 1), got " + std::to_string(p.dropout_p));
   if (!std::isnan(p.softmax_scale) && !std::isfinite(p.softmax_scale))
@@ -335,8 +350,8 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
 
   // ---- q, k, v ----
   SINKATTN_RETURN_IF_ERROR(chk.basic("q", p.q));
-  if (!is_float_dtype(p.q.dtype))
-    return invalid(std::string("q: dtype must be fp32, fp16 or bf16, got ") + dtype_name(p.q.dtype));
+  if (!is_float_dtype(enum_bits(p.q.dtype)))
+    return invalid(std::string("q: dtype must be fp32, fp16 or bf16, got ") + dtype_name(enum_bits(p.q.dtype)));
   c.dtype = p.q.dtype;
   const int qrank = varlen ? 3 : 4;
   const char* qlayout = varlen ? "[total_q, h_q, d] (varlen)" : "[b, s_q, h_q, d] (dense)";
@@ -461,9 +476,9 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   if (plan.bias == Use::kRequired) {
     if (varlen) return invalid("bias: is not defined for varlen calls (SPEC.md section 1)");
     SINKATTN_RETURN_IF_ERROR(chk.basic("bias", p.bias));
-    if (p.bias.dtype != SINKATTN_F32 && p.bias.dtype != c.dtype)
+    if (enum_bits(p.bias.dtype) != SINKATTN_F32 && enum_bits(p.bias.dtype) != c.dtype)
       return invalid(std::string("bias: dtype must be fp32 or the dtype of q (") + dtype_name(c.dtype) + "), got " +
-                     dtype_name(p.bias.dtype));
+                     dtype_name(enum_bits(p.bias.dtype)));
     const auto& s = p.bias.shape;
     if (p.bias.rank != 4 || !(s[0] == c.b || s[0] == 1) || !(s[1] == c.h_q || s[1] == 1) || s[2] != c.s_q ||
         s[3] != c.s_kv)
