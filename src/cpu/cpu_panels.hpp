@@ -24,11 +24,12 @@
 
 namespace sinkattn::cpu {
 
-// The keys each sequence reads (SeqSpan::len_kv), when the call's batch tensors can be read here: every present one
-// has data (the CPU backend's tensors are in host memory, validated by resolve_call). Empty for a shape-only size
-// query (NULL data pointers), whose sizes then come from shapes alone.
+// The keys each sequence reads (SeqSpan::len_kv), when the call's batch tensors can be read here: q and every present
+// batch tensor have data (host memory, whose contents resolve_call has checked). Empty for a shape-only size query
+// (NULL data pointers), whose sizes then come from shapes alone.
 inline std::vector<int64_t> known_kv_lengths(const Call& c) {
   const sinkattn_params_t& p = *c.p;
+  if (p.q.data == nullptr || c.memory != Memory::kHost) return {};
   const bool need[] = {c.plan.varlen, c.plan.varlen && !c.paged.on, c.plan.seqused_kv, c.plan.seqlens_q,
                        c.plan.seqlens_kv};
   const sinkattn_tensor_t* tensors[] = {&p.cu_seqlens_q, &p.cu_seqlens_kv, &p.seqused_kv, &p.seqlens_q, &p.seqlens_kv};
