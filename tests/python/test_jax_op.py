@@ -464,7 +464,7 @@ def test_error_learnable_without_sinks():
 
 def test_error_dropout_range():
     q, k, v = _qkv()
-    with pytest.raises(sj.SinkattnError, match="dropout_p"):
+    with pytest.raises(sj.SinkattnError, match="dropout_rate: must be in"):  # the argument as this function spells it
         sj.dot_product_attention(q, k, v, dropout_rate=1.0, dropout_rng=jax.random.PRNGKey(0))
 
 
