@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 tools/setup-deps.sh
 tools/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+tools/ci-sanitizers.sh  # the CPU backend under ASan + UBSan (its CTest suites) and TSan (the concurrency test)
 # The Python package builds its own copy of the library (CPU only here: the CUDA code was built above).
 .venv/bin/python -m pip install -q --no-build-isolation . --config-settings=cmake.define.SINKATTN_ENABLE_CUDA=OFF \
   --config-settings=cmake.define.SINKATTN_BUILD_TORCH=ON
