@@ -61,12 +61,14 @@ bool check_one(const Capture& cap, sinkattn_backend_t backend, int num_splits) {
   const std::vector<ref::ErrorRow> rows = ref::error_table(actual, refs, dtype);
 
   std::printf("library %.3f s, reference %.3f s\n", t_run, t_ref);
-  std::printf("%-12s %12s %16s %12s  %s\n", "output", "err", "plain-lowp err", "tolerance", "result");
+  // SPEC.md section 5: fp16 / bf16 at most 2x the plain low-precision error + 1e-3; fp32 the fixed bounds (1e-5 out
+  // and softmax_lse, 1e-4 gradients) or 2x the plain fp32 evaluation's error where that is larger.
+  std::printf("%-12s %12s %16s %12s  %s\n", "output", "err", dtype == SINKATTN_F32 ? "plain-fp32 err" : "plain-lowp err",
+              "tolerance", "result");
   bool pass = !rows.empty();
   for (const auto& r : rows) {
     char lowp_col[32];
-    if (dtype == SINKATTN_F32) std::snprintf(lowp_col, sizeof lowp_col, "-");
-    else std::snprintf(lowp_col, sizeof lowp_col, "%.3e", r.lowp_err);
+    std::snprintf(lowp_col, sizeof lowp_col, "%.3e", r.lowp_err);
     std::printf("%-12s %12.3e %16s %12.3e  %s\n", r.name.c_str(), r.err, lowp_col, r.tolerance, r.pass ? "PASS" : "FAIL");
     pass = pass && r.pass;
   }

@@ -568,14 +568,16 @@ TEST(PagedValidation, EveryRule) {
 }
 
 // The shape-only size query works without data (bindings size their buffers with it) and reports the split
-// buffers: more splits, more workspace.
+// buffers: more splits, more workspace, up to one split per 64-key tile of the table's capacity plus one (9 pages of
+// 16 keys: 3 tiles, 4 splits); more splits than that are the same partials (cpu_forward.cpp).
 TEST(PagedValidation, ShapeOnlyWorkspaceQuery) {
   PagedConfig c;
   c.seqused = {100, 3};
   PagedProblem pb(c);
-  size_t ws[3] = {0, 0, 0};
-  const int32_t splits[3] = {1, 4, 16};
-  for (int k = 0; k < 3; ++k) {
+  ASSERT_EQ(pb.cap, 144);
+  size_t ws[4] = {0, 0, 0, 0};
+  const int32_t splits[4] = {1, 2, 4, 16};
+  for (int k = 0; k < 4; ++k) {
     sinkattn_params_t q = pb.p;
     for (sinkattn_tensor_t* t : {&q.q, &q.k, &q.v, &q.page_table, &q.seqused_kv, &q.out, &q.softmax_lse, &q.sinks})
       t->data = nullptr;
@@ -584,6 +586,7 @@ TEST(PagedValidation, ShapeOnlyWorkspaceQuery) {
   }
   EXPECT_LT(ws[0], ws[1]);
   EXPECT_LT(ws[1], ws[2]);
+  EXPECT_EQ(ws[2], ws[3]);
 }
 
 }  // namespace

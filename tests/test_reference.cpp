@@ -103,10 +103,16 @@ TEST(Reference, ErrorTableTolerances) {
   EXPECT_DOUBLE_EQ(half[0].lowp_err, 0.25);
   EXPECT_DOUBLE_EQ(half[0].tolerance, 2 * 0.25 + 1e-3);
   EXPECT_TRUE(half[0].pass);
+  // fp32 (SPEC.md section 5): the fixed bound, or twice the plain fp32 evaluation's error where that is larger
   const auto f32 = ref::error_table(actual, ref64, lowp, SINKATTN_F32);
   EXPECT_DOUBLE_EQ(f32[0].lowp_err, 0.25);
-  EXPECT_DOUBLE_EQ(f32[0].tolerance, 1e-4);  // the plain fp32 error does not widen it
-  EXPECT_FALSE(f32[0].pass);
+  EXPECT_DOUBLE_EQ(f32[0].tolerance, 2 * 0.25);
+  EXPECT_TRUE(f32[0].pass);
+  ref::Result close = lowp;
+  close.dq.data = {1 + 2e-6, -2, NAN};  // plain err 1e-6: the fixed bound holds
+  const auto f32_fixed = ref::error_table(actual, ref64, close, SINKATTN_F32);
+  EXPECT_DOUBLE_EQ(f32_fixed[0].tolerance, 1e-4);
+  EXPECT_FALSE(f32_fixed[0].pass);
   const auto f32_alone = ref::error_table(actual, ref64, ref::Result{}, SINKATTN_F32);
   EXPECT_EQ(f32_alone[0].lowp_err, 0);
   EXPECT_DOUBLE_EQ(f32_alone[0].tolerance, 1e-4);

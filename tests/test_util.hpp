@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,8 @@ struct HostTensor {
   // A tensor whose memory order of logical dimensions is `order` (outermost first; the last must be the last
   // dimension, which stays contiguous). E.g. q [b, s, h, d] with order {1, 0, 2, 3} is SBHD.
   static HostTensor permuted(sinkattn_dtype_t dtype, const std::vector<int64_t>& shape, const std::vector<int>& order) {
+    if (shape.size() > SINKATTN_MAX_RANK || order.size() != shape.size())
+      throw std::invalid_argument("HostTensor: a view has rank 1 .. 4 (use HostTensor::buffer for more)");
     HostTensor h;
     h.storage = std::make_shared<Storage>();
     h.storage->dtype = dtype;
@@ -128,6 +131,20 @@ struct HostTensor {
     for (size_t i = 0; i < shape.size(); ++i) h.t.shape[i] = shape[i];
     // At least one element so that data is never NULL (empty tensors of zero-length calls included).
     h.storage->bytes.resize(static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype));
+    h.t.data = h.storage->bytes.data();
+    h.storage->poison();
+    return h;
+  }
+  // Storage for views only (packed QKV / KV buffers of rank 5, which sinkattn_tensor_t cannot describe): poisoned
+  // bytes for the product of `shape`, no view of its own (rank 0).
+  static HostTensor buffer(sinkattn_dtype_t dtype, const std::vector<int64_t>& shape) {
+    HostTensor h;
+    h.storage = std::make_shared<Storage>();
+    h.storage->dtype = dtype;
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    h.storage->bytes.resize(static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype));
+    h.t.dtype = dtype;
     h.t.data = h.storage->bytes.data();
     h.storage->poison();
     return h;
@@ -416,7 +433,7 @@ class Problem {
     if (!vl && c.layout == Layout::kPackedQKV) {
       // One buffer [b, s, 3, h, d]: q, k, v are views at offsets 0, h*d, 2*h*d (needs s_q == s_kv, h_q == h_kv,
       // d == d_v).
-      qkv_buffer = HostTensor::contiguous(c.dtype, {b, c.s_q, 3, c.h_q, c.d});
+      qkv_buffer = HostTensor::buffer(c.dtype, {b, c.s_q, 3, c.h_q, c.d});
       const std::vector<int64_t> st = {c.s_q * 3 * c.h_q * c.d, 3 * c.h_q * c.d, c.d, 1};
       q = HostTensor::view(qkv_buffer, qs, st, 0);
       k = HostTensor::view(qkv_buffer, ks, st, c.h_q * c.d);
@@ -424,7 +441,7 @@ class Problem {
     } else if (!vl && c.layout == Layout::kPackedKV) {
       // q contiguous; one KV buffer [b, s_kv, 2, h_kv, d] (needs d == d_v).
       q = HostTensor::contiguous(c.dtype, qs);
-      kv_buffer = HostTensor::contiguous(c.dtype, {b, c.s_kv, 2, c.h_kv, c.d});
+      kv_buffer = HostTensor::buffer(c.dtype, {b, c.s_kv, 2, c.h_kv, c.d});
       const std::vector<int64_t> st = {c.s_kv * 2 * c.h_kv * c.d, 2 * c.h_kv * c.d, c.d, 1};
       k = HostTensor::view(kv_buffer, ks, st, 0);
       v = HostTensor::view(kv_buffer, vs, st, c.h_kv * c.d);
@@ -441,14 +458,14 @@ class Problem {
     out = layout_tensor(os);
     d_out = layout_tensor(os);
     if (!vl && (c.layout == Layout::kPackedQKV)) {
-      HostTensor gbuf = HostTensor::contiguous(c.dtype, {b, c.s_q, 3, c.h_q, c.d});
+      HostTensor gbuf = HostTensor::buffer(c.dtype, {b, c.s_q, 3, c.h_q, c.d});
       const std::vector<int64_t> st = {c.s_q * 3 * c.h_q * c.d, 3 * c.h_q * c.d, c.d, 1};
       dq = HostTensor::view(gbuf, qs, st, 0);
       dk = HostTensor::view(gbuf, ks, st, c.h_q * c.d);
       dv = HostTensor::view(gbuf, vs, st, 2 * c.h_q * c.d);
     } else if (!vl && c.layout == Layout::kPackedKV) {
       dq = HostTensor::contiguous(c.dtype, qs);
-      HostTensor gbuf = HostTensor::contiguous(c.dtype, {b, c.s_kv, 2, c.h_kv, c.d});
+      HostTensor gbuf = HostTensor::buffer(c.dtype, {b, c.s_kv, 2, c.h_kv, c.d});
       const std::vector<int64_t> st = {c.s_kv * 2 * c.h_kv * c.d, 2 * c.h_kv * c.d, c.d, 1};
       dk = HostTensor::view(gbuf, ks, st, 0);
       dv = HostTensor::view(gbuf, vs, st, c.h_kv * c.d);

@@ -20,15 +20,19 @@
 # float64 reference, split counts, CUDA-graph capture) and compute-sanitizer memcheck + racecheck on its --small
 # cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed vs copy bandwidth, for
 # bench/RESULTS.md; DECODE_ITERS replays, default 50).
+# STEPS "concurrency" (in the default steps) runs sinkattn_gpu_concurrency: 8 host threads, one stream each, forward +
+# backward on different and shared inputs, bitwise equal to single-threaded runs, sinkattn_last_error per thread.
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log; the
 # benchmarks' JSON (gpu_bench.json, bench_torch.json, gpu_bench_decode.json) is what tools/results_dashboard.py add
 # takes into bench/RESULTS.md
-# (python: py_install.log pytest.log example.log example_bench.log; decode: decode.log decode_sanitizer.log;
+# (concurrency: concurrency.log; python: py_install.log pytest.log example.log example_bench.log; decode: decode.log
+# decode_sanitizer.log;
 # decode_bench: decode_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
-# STEPS (default "suite sanitizer decode bench torch"; optional: python, cp, torchop, decode_bench, determinism),
+# STEPS (default "suite sanitizer decode concurrency bench torch"; optional: python, cp, torchop, decode_bench,
+# determinism),
 # SAN_MATCH (edge cases the sanitizer step runs besides its small sweep: names containing it, default "bias"; empty:
 # none), SAN_TOOLS (the compute-sanitizer tools for those, default "memcheck racecheck synccheck"), JOBS (default
 # nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
@@ -40,7 +44,7 @@ mkdir -p "$OUT"
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 SWEEP=${SWEEP:-500}
 SEED=${SEED:-$(date +%s)}
-STEPS=${STEPS:-"suite sanitizer decode bench torch"}
+STEPS=${STEPS:-"suite sanitizer decode concurrency bench torch"}
 JOBS=${JOBS:-$(nproc)}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
@@ -56,7 +60,8 @@ DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
 DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
 DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
 PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
-if [ -x "$SUITE" ] && [ -x "$DECODE" ] && [ -x "$DECODE_BENCH" ] && ! ldd "$SUITE" | grep -q "not found"; then
+CONCURRENCY=$BUILD_DIR/tests/gpu/sinkattn_gpu_concurrency
+if [ -x "$SUITE" ] && [ -x "$DECODE" ] && [ -x "$DECODE_BENCH" ] && [ -x "$CONCURRENCY" ] && ! ldd "$SUITE" | grep -q "not found"; then
   note "build: using prebuilt binaries in $BUILD_DIR"
 else
   BUILD_DIR=build-gpu
@@ -67,12 +72,13 @@ else
   DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
   DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
   PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
+  CONCURRENCY=$BUILD_DIR/tests/gpu/sinkattn_gpu_concurrency
   t0=$(date +%s)
   {
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
       ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode \
-        sinkattn_gpu_determinism sinkattn_gpu_bench_philox &&
+        sinkattn_gpu_determinism sinkattn_gpu_bench_philox sinkattn_gpu_concurrency &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -114,6 +120,15 @@ if [[ " $STEPS " == *" suite "* ]]; then
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "suite, edge cases with SINKATTN_CUDA_FWD_SECTION=1: rc=$rc; $(grep SUMMARY "$OUT/suite_sections.log")"
+fi
+
+if [[ " $STEPS " == *" concurrency "* ]]; then
+  t0=$(date +%s)
+  timeout "${CONCURRENCY_TIMEOUT:-300}" "$CONCURRENCY" >"$OUT/concurrency.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "concurrency: rc=$rc in $(($(date +%s) - t0)) s; $(grep 'CONCURRENCY SUMMARY' "$OUT/concurrency.log")"
+  grep '^FAIL' "$OUT/concurrency.log" | head -20 | tee -a "$SUMMARY"
 fi
 
 if [[ " $STEPS " == *" sanitizer "* ]]; then

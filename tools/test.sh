@@ -9,5 +9,6 @@ tools/setup-deps.sh
 cuda=OFF; command -v nvcc >/dev/null && cuda=ON
 tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+tools/ci-sanitizers.sh  # the CPU backend under ASan + UBSan (its CTest suites) and TSan (the concurrency test)
 tools/test-wheel.sh
-tools/test-maxtext.sh  # the MaxText route (sinkattn.jax.maxtext) in its own Python 3.12 environment
+SINKATTN_FROM=wheel tools/test-maxtext.sh  # the MaxText route (sinkattn.jax.maxtext), the wheel in its own Python 3.12 venv

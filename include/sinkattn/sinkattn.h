@@ -206,7 +206,12 @@ SINKATTN_API sinkattn_status_t sinkattn_backward(const sinkattn_params_t* p);
 /* SPEC.md section 4: bytes of workspace the forward / backward with these parameters needs on the backend
  * that would run it. Same validation and code path as the run (the workspace fields are ignored here).
  * Shape-only queries are allowed: data pointers may be NULL, which bindings use to size scratch buffers
- * before any memory exists; with a NULL q pointer the backend is p->backend, or CPU when that is AUTO. */
+ * before any memory exists; with a NULL q pointer the backend is p->backend, or CPU when that is AUTO.
+ * The CPU backend's workspace follows the keys each sequence reads (seqlens_kv, seqused_kv, cu_seqlens_kv): given
+ * the batch tensors' data it reports exactly what the run uses; a shape-only query gets a bound from the shapes
+ * (s_kv, max_pages * page_size), which for a large page table can be far more than the run needs. The CUDA
+ * backend's workspace comes from the shapes alone and holds nothing per key: a paged forward's is at most the
+ * partial outputs of 128 key splits of its query rows, whatever the page table's capacity. */
 SINKATTN_API sinkattn_status_t sinkattn_forward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
 SINKATTN_API sinkattn_status_t sinkattn_backward_workspace_size(const sinkattn_params_t* p, size_t* bytes);
 
@@ -237,7 +242,7 @@ typedef void* (*sinkattn_workspace_alloc_t)(size_t bytes, void* user);
  * them (varlen; nothing for dense calls). Same tensors read and written, results, statuses and messages as the
  * sequence size query, run (and clear_unowned_rows) with the same params. Further errors: INVALID_ARGUMENT for a NULL
  * alloc or unknown flag bits; WORKSPACE_TOO_SMALL when alloc returns NULL ("workspace: the allocator returned NULL
- * for N bytes ..."), with nothing written to any output. */
+ * for the workspace ... needs, N bytes (G GiB: what the backend keeps there)"), with nothing written to any output. */
 SINKATTN_API sinkattn_status_t sinkattn_forward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,
                                                       void* user, uint32_t flags);
 SINKATTN_API sinkattn_status_t sinkattn_backward_alloc(const sinkattn_params_t* p, sinkattn_workspace_alloc_t alloc,

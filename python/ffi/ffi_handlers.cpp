@@ -10,6 +10,11 @@
 //            rets: out, softmax_lse, workspace (u8), then rng_state (u32[4]) when dropout_p > 0
 //   backward args: q, k, v, out, softmax_lse, d_out, then the optional operands present in `operands`
 //            rets: dq, dk, dv, workspace (u8), then d_sinks (learnable), d_bias (with bias)
+// The workspace: on CUDA an XLA buffer of the size of the library's shape-only query; on the CPU one byte, unused:
+// the CPU handlers take the workspace from the host heap per call, sized by the library with the call's batch
+// tensors (sinkattn_forward_alloc / sinkattn_backward_alloc), since the CPU backend's workspace follows the keys each
+// sequence reads, which the shapes XLA sees cannot tell (from shapes alone, a decode batch over a large page table
+// would reserve the table's whole capacity).
 // Optional operands, in this order: sinks, bias, d_lse (backward), cu_seqlens_q + cu_seqlens_kv, seqused_kv,
 // seqlens_q, seqlens_kv, rng (forward: rng_seed_offset, backward: rng_state), page_table. Extra trailing arguments
 // (the test-only output poisoning buffers, aliased to the outputs) are ignored.
@@ -22,6 +27,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -165,6 +172,28 @@ ffi::Error clear_unowned_rows(sinkattn_params_t* p, bool backward) {
   return ffi::Error::Success();
 }
 
+// A call's workspace from the host heap (CPU handlers), freed when the call returns.
+struct HostWorkspace {
+  std::unique_ptr<unsigned char[]> memory;
+  static void* alloc(size_t bytes, void* user) {
+    auto* w = static_cast<HostWorkspace*>(user);
+    w->memory.reset(new (std::nothrow) unsigned char[bytes]);
+    return w->memory.get();
+  }
+};
+
+// The pass with its workspace: XLA's buffer on CUDA, the host heap on the CPU (see the header comment).
+sinkattn_status_t run_pass(sinkattn_params_t* p, bool backward, ffi::Result<ffi::AnyBuffer>& workspace) {
+  if (p->backend == SINKATTN_BACKEND_CPU) {
+    HostWorkspace w;
+    return backward ? sinkattn_backward_alloc(p, &HostWorkspace::alloc, &w, 0)
+                    : sinkattn_forward_alloc(p, &HostWorkspace::alloc, &w, 0);
+  }
+  p->workspace = workspace->untyped_data();
+  p->workspace_bytes = workspace->size_bytes();
+  return backward ? sinkattn_backward(p) : sinkattn_forward(p);
+}
+
 // The part of a call both passes share: options, backend, stream and the q, k, v views.
 ffi::Error start_params(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, const Options& o, sinkattn_params_t* p) {
@@ -194,9 +223,7 @@ ffi::Error forward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffer
     if (!rs.has_value()) return ffi::Error::InvalidArgument("sinkattn: missing result rng_state");
     SINKATTN_TRY(to_rng_tensor(**rs, "rng_state", &p.rng_state));
   }
-  p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
-  const sinkattn_status_t st = sinkattn_forward(&p);
+  const sinkattn_status_t st = run_pass(&p, /*backward=*/false, workspace);
   if (st != SINKATTN_OK) return library_error(st);
   return clear_unowned_rows(&p, /*backward=*/false);
 }
@@ -227,9 +254,7 @@ ffi::Error backward_impl(sinkattn_backend_t backend, void* stream, ffi::AnyBuffe
     if (!db.has_value()) return ffi::Error::InvalidArgument("sinkattn: missing result d_bias");
     SINKATTN_TRY(to_tensor(**db, "d_bias", &p.d_bias));
   }
-  p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
-  const sinkattn_status_t st = sinkattn_backward(&p);
+  const sinkattn_status_t st = run_pass(&p, /*backward=*/true, workspace);
   if (st != SINKATTN_OK) return library_error(st);
   return clear_unowned_rows(&p, /*backward=*/true);
 }

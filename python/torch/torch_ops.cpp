@@ -254,7 +254,16 @@ struct Call {
     const uint32_t flags = varlen ? SINKATTN_RUN_CLEAR_UNOWNED_ROWS : 0u;
     const sinkattn_status_t st = backward ? sinkattn_backward_alloc(&p, &Workspace::alloc, &ws, flags)
                                           : sinkattn_forward_alloc(&p, &Workspace::alloc, &ws, flags);
-    if (ws.error) std::rethrow_exception(ws.error);
+    if (ws.error) {  // the library's message (how much and why) with PyTorch's reason
+      std::string why = "unknown error";
+      try {
+        std::rethrow_exception(ws.error);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      fail(std::string(sinkattn_last_error()) + "; PyTorch's allocator: " + why);
+    }
     check_status(st);
   }
 };

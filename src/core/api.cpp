@@ -1,5 +1,6 @@
 // The C entry points: validation, dispatch, workspace checks, last error (SPEC.md section 4).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -166,6 +167,15 @@ Status prepare_run(const sinkattn_params_t* p, Pass pass, Call* c, Choice* ch, s
   return ch->backend->workspace_size(*c, need);
 }
 
+// "N bytes (X.Y GiB: <what the backend keeps there>)": how much workspace a call needs and why, for the messages of
+// a workspace that is too small or that the allocator could not give.
+std::string workspace_need(const Call& c, const Backend& b, size_t need) {
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.3g GiB", static_cast<double>(need) / double(1ull << 30));
+  const std::string why = b.workspace_report(c);
+  return std::to_string(need) + " bytes (" + gib + (why.empty() ? "" : ": " + why) + ")";
+}
+
 Status run_impl(const sinkattn_params_t* p, Pass pass) {
   Call c;
   Choice ch;
@@ -174,7 +184,7 @@ Status run_impl(const sinkattn_params_t* p, Pass pass) {
   if (p->workspace_bytes < need || (need > 0 && p->workspace == nullptr))
     return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL,
                   "workspace: this " + std::string(pass == Pass::kForward ? "forward" : "backward") + " on the " +
-                      ch.backend->name() + " backend needs " + std::to_string(need) + " bytes, got " +
+                      ch.backend->name() + " backend needs " + workspace_need(c, *ch.backend, need) + ", got " +
                       std::to_string(p->workspace == nullptr ? 0 : p->workspace_bytes) +
                       (p->workspace == nullptr && need > 0 ? " (NULL pointer)" : "")};
   return ch.backend->run(c);
@@ -260,9 +270,9 @@ Status run_alloc_impl(const sinkattn_params_t* p, Pass pass, sinkattn_workspace_
     with_ws.workspace = alloc(need, user);
     if (with_ws.workspace == nullptr)
       return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL,
-                    "workspace: the allocator returned NULL for the " + std::to_string(need) + " bytes this " +
+                    "workspace: the allocator returned NULL for the workspace this " +
                         std::string(pass == Pass::kForward ? "forward" : "backward") + " on the " +
-                        ch.backend->name() + " backend needs"};
+                        ch.backend->name() + " backend needs, " + workspace_need(c, *ch.backend, need)};
   }
   c.p = &with_ws;
   SINKATTN_RETURN_IF_ERROR(ch.backend->run(c));

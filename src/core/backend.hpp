@@ -27,6 +27,14 @@ class Backend {
   // workspace_size(c).
   virtual Status run(const Call& c) const = 0;
 
+  // What the workspace of `c` holds, in words and bytes, for the messages of a workspace that is too small or that
+  // the caller's allocator could not give ("" when the backend has nothing to say). Same code path as
+  // workspace_size().
+  virtual std::string workspace_report(const Call& c) const {
+    (void)c;
+    return {};
+  }
+
   // Free text for `sinkattn info`: "NAME: summary", then one "  TOPIC: text" line per topic (sinkattn.h).
   virtual std::string describe() const = 0;
 

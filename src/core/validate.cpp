@@ -5,6 +5,7 @@
 // validate and run against its answer.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -18,7 +19,18 @@
 namespace sinkattn {
 namespace {
 
-const char* dtype_name(sinkattn_dtype_t t) {
+// The integer a caller stored in an enum field of sinkattn_params_t or sinkattn_tensor_t. C allows any int there, and in
+// C++ a load of a value outside the enum's range is undefined (UBSan's -fsanitize=enum reports it), so every enum
+// field is read through its bits until it has been checked.
+template <typename E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums of the ABI are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+const char* dtype_name(int32_t t) {
   switch (t) {
     case SINKATTN_F32: return "fp32";
     case SINKATTN_F16: return "fp16";
@@ -80,17 +92,22 @@ class Checker {
     return Status::ok();
   }
 
-  Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want) const {
-    if (t.dtype != want)
-      return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(t.dtype));
-    return Status::ok();
+  // `like`: the tensor whose dtype `want` is (q for k, v, out and the gradients; bias for d_bias), named in the
+  // message so that a caller who mixed dtypes learns which one must change.
+  Status dtype(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want, const char* like = nullptr) const {
+    const int32_t got = enum_bits(t.dtype);
+    if (got == want) return Status::ok();
+    if (like != nullptr)
+      return invalid(std::string(name) + ": dtype must match " + like + "'s (" + dtype_name(want) + "), got " +
+                     dtype_name(got));
+    return invalid(std::string(name) + ": dtype must be " + dtype_name(want) + ", got " + dtype_name(got));
   }
 
   // Full check against an expected shape.
   Status exact(const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t want_dtype,
-               const std::vector<int64_t>& want) const {
+               const std::vector<int64_t>& want, const char* like = nullptr) const {
     SINKATTN_RETURN_IF_ERROR(basic(name, t));
-    SINKATTN_RETURN_IF_ERROR(dtype(name, t, want_dtype));
+    SINKATTN_RETURN_IF_ERROR(dtype(name, t, want_dtype, like));
     bool same = t.rank == static_cast<int>(want.size());
     for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want[i];
     if (!same) return invalid(std::string(name) + ": shape must be " + dims_str(want) + ", got " + shape_str(t));
@@ -116,7 +133,7 @@ BiasStrides bias_strides(const sinkattn_tensor_t& t) {
   return {t.shape[0] == 1 ? 0 : t.strides[0], t.shape[1] == 1 ? 0 : t.strides[1], t.strides[2], t.strides[3]};
 }
 
-bool is_float_dtype(sinkattn_dtype_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
+bool is_float_dtype(int32_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
 
 const int32_t* host_i32(const sinkattn_tensor_t& t) { return static_cast<const int32_t*>(t.data); }
 
@@ -295,13 +312,15 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   const bool backward = pass == Pass::kBackward;
 
   // ---- options ----
-  if (p.softmax_type != SINKATTN_SOFTMAX_VANILLA && p.softmax_type != SINKATTN_SOFTMAX_OFF_BY_ONE &&
-      p.softmax_type != SINKATTN_SOFTMAX_LEARNABLE)
-    return invalid("softmax_type: must be VANILLA, OFF_BY_ONE or LEARNABLE, got " + std::to_string(int(p.softmax_type)));
-  if (p.mask_alignment != SINKATTN_ALIGN_BOTTOM_RIGHT && p.mask_alignment != SINKATTN_ALIGN_TOP_LEFT)
-    return invalid("mask_alignment: must be BOTTOM_RIGHT or TOP_LEFT, got " + std::to_string(int(p.mask_alignment)));
-  if (p.backend != SINKATTN_BACKEND_AUTO && p.backend != SINKATTN_BACKEND_CPU && p.backend != SINKATTN_BACKEND_CUDA)
-    return invalid("backend: must be AUTO, CPU or CUDA, got " + std::to_string(int(p.backend)));
+  const int32_t softmax_type = enum_bits(p.softmax_type), alignment = enum_bits(p.mask_alignment),
+                backend_id = enum_bits(p.backend);
+  if (softmax_type != SINKATTN_SOFTMAX_VANILLA && softmax_type != SINKATTN_SOFTMAX_OFF_BY_ONE &&
+      softmax_type != SINKATTN_SOFTMAX_LEARNABLE)
+    return invalid("softmax_type: must be VANILLA, OFF_BY_ONE or LEARNABLE, got " + std::to_string(softmax_type));
+  if (alignment != SINKATTN_ALIGN_BOTTOM_RIGHT && alignment != SINKATTN_ALIGN_TOP_LEFT)
+    return invalid("mask_alignment: must be BOTTOM_RIGHT or TOP_LEFT, got " + std::to_string(alignment));
+  if (backend_id != SINKATTN_BACKEND_AUTO && backend_id != SINKATTN_BACKEND_CPU && backend_id != SINKATTN_BACKEND_CUDA)
+    return invalid("backend: must be AUTO, CPU or CUDA, got " + std::to_string(backend_id));
   if (!(p.dropout_p >= 0.0 && p.dropout_p < 1.0))
     return invalid("dropout_p: must be in [0, 1), got " + std::to_string(p.dropout_p));
   if (!std::isnan(p.softmax_scale) && !std::isfinite(p.softmax_scale))
@@ -331,8 +350,8 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
 
   // ---- q, k, v ----
   SINKATTN_RETURN_IF_ERROR(chk.basic("q", p.q));
-  if (!is_float_dtype(p.q.dtype))
-    return invalid(std::string("q: dtype must be fp32, fp16 or bf16, got ") + dtype_name(p.q.dtype));
+  if (!is_float_dtype(enum_bits(p.q.dtype)))
+    return invalid(std::string("q: dtype must be fp32, fp16 or bf16, got ") + dtype_name(enum_bits(p.q.dtype)));
   c.dtype = p.q.dtype;
   const int qrank = varlen ? 3 : 4;
   const char* qlayout = varlen ? "[total_q, h_q, d] (varlen)" : "[b, s_q, h_q, d] (dense)";
@@ -343,7 +362,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   for (const auto& [name, t] : {std::pair<const char*, const sinkattn_tensor_t*>{"k", &p.k}, {"v", &p.v}}) {
     if (!present(*t)) return invalid(std::string(name) + ": is required");
     SINKATTN_RETURN_IF_ERROR(chk.basic(name, *t));
-    SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype));
+    SINKATTN_RETURN_IF_ERROR(chk.dtype(name, *t, c.dtype, "q"));
     if (paged && t->rank != 4)
       return invalid(std::string(name) + ": with a page_table it is a page pool [num_pages, page_size, h_kv, " +
                      (t == &p.k ? "d" : "d_v") + "] (rank 4), got rank " + std::to_string(t->rank));
@@ -457,9 +476,9 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
   if (plan.bias == Use::kRequired) {
     if (varlen) return invalid("bias: is not defined for varlen calls (SPEC.md section 1)");
     SINKATTN_RETURN_IF_ERROR(chk.basic("bias", p.bias));
-    if (p.bias.dtype != SINKATTN_F32 && p.bias.dtype != c.dtype)
+    if (enum_bits(p.bias.dtype) != SINKATTN_F32 && enum_bits(p.bias.dtype) != c.dtype)
       return invalid(std::string("bias: dtype must be fp32 or the dtype of q (") + dtype_name(c.dtype) + "), got " +
-                     dtype_name(p.bias.dtype));
+                     dtype_name(enum_bits(p.bias.dtype)));
     const auto& s = p.bias.shape;
     if (p.bias.rank != 4 || !(s[0] == c.b || s[0] == 1) || !(s[1] == c.h_q || s[1] == 1) || s[2] != c.s_q ||
         s[3] != c.s_kv)
@@ -489,11 +508,11 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
       varlen ? std::vector<int64_t>{c.h_q, c.total_q} : std::vector<int64_t>{c.b, c.h_q, c.s_q};
   const auto shape_of = [](const sinkattn_tensor_t& t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); };
   const auto required = [&](const char* name, const sinkattn_tensor_t& t, sinkattn_dtype_t dt,
-                            const std::vector<int64_t>& shape) -> Status {
+                            const std::vector<int64_t>& shape, const char* like = nullptr) -> Status {
     if (!present(t)) return invalid(std::string(name) + ": is required for the " + (backward ? "backward" : "forward"));
-    return chk.exact(name, t, dt, shape);
+    return chk.exact(name, t, dt, shape, like);
   };
-  SINKATTN_RETURN_IF_ERROR(required("out", p.out, c.dtype, out_shape));
+  SINKATTN_RETURN_IF_ERROR(required("out", p.out, c.dtype, out_shape, "q"));
   SINKATTN_RETURN_IF_ERROR(required("softmax_lse", p.softmax_lse, SINKATTN_F32, lse_shape));
   c.out = row_strides(p.out, varlen);
   c.lse = lse_strides(p.softmax_lse, varlen);
@@ -509,10 +528,10 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     SINKATTN_RETURN_IF_ERROR(chk.exact("rng_seed_offset", p.rng_seed_offset, SINKATTN_I64, {2}));
 
   if (backward) {
-    SINKATTN_RETURN_IF_ERROR(required("d_out", p.d_out, c.dtype, out_shape));
-    SINKATTN_RETURN_IF_ERROR(required("dq", p.dq, c.dtype, shape_of(p.q)));
-    SINKATTN_RETURN_IF_ERROR(required("dk", p.dk, c.dtype, shape_of(p.k)));
-    SINKATTN_RETURN_IF_ERROR(required("dv", p.dv, c.dtype, shape_of(p.v)));
+    SINKATTN_RETURN_IF_ERROR(required("d_out", p.d_out, c.dtype, out_shape, "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dq", p.dq, c.dtype, shape_of(p.q), "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dk", p.dk, c.dtype, shape_of(p.k), "q"));
+    SINKATTN_RETURN_IF_ERROR(required("dv", p.dv, c.dtype, shape_of(p.v), "q"));
     c.d_out = row_strides(p.d_out, varlen);
     c.dq = row_strides(p.dq, varlen);
     c.dk = row_strides(p.dk, varlen);
@@ -527,7 +546,7 @@ Status resolve_call(const sinkattn_params_t* pp, Pass pass, bool shape_only, Cal
     }
     if (plan.d_bias == Use::kRequired) {
       if (!present(p.d_bias)) return invalid("d_bias: a backward with bias requires d_bias (shape and dtype of bias)");
-      SINKATTN_RETURN_IF_ERROR(chk.exact("d_bias", p.d_bias, p.bias.dtype, shape_of(p.bias)));
+      SINKATTN_RETURN_IF_ERROR(chk.exact("d_bias", p.d_bias, p.bias.dtype, shape_of(p.bias), "bias"));
       c.d_bias = bias_strides(p.d_bias);
     }
   }

@@ -21,23 +21,27 @@ class CpuBackend final : public Backend {
 
   Status supports(const Call& c) const override {
     if (c.memory == Memory::kDevice)
-      return unsupported("cpu: tensors are in device memory (the CPU backend reads host memory only)");
+      return unsupported("tensors are in device memory (the CPU backend reads host memory only)");
     if (c.dtype != SINKATTN_F32 && c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16)
-      return unsupported("cpu: dtype of q must be fp32, fp16 or bf16");
+      return unsupported("q: dtype must be fp32, fp16 or bf16");
     if (c.d < 1 || c.d > kMaxHeadDim)
-      return unsupported("cpu: head dim d = " + std::to_string(c.d) + " not supported (supported: 1 .. " +
+      return unsupported("q: head dim d = " + std::to_string(c.d) + " not supported (supported: 1 .. " +
                          std::to_string(kMaxHeadDim) + ")");
     if (c.d_v < 1 || c.d_v > kMaxHeadDim)
-      return unsupported("cpu: head dim d_v = " + std::to_string(c.d_v) + " not supported (supported: 1 .. " +
+      return unsupported("v: head dim d_v = " + std::to_string(c.d_v) + " not supported (supported: 1 .. " +
                          std::to_string(kMaxHeadDim) + ")");
     if (c.plan.bias == Use::kRequired && c.bias_dtype != SINKATTN_F32 && c.bias_dtype != c.dtype)
-      return unsupported("cpu: bias dtype must be fp32 or the dtype of q");
+      return unsupported("bias: dtype must be fp32 or the dtype of q");
     return Status::ok();
   }
 
   Status workspace_size(const Call& c, size_t* bytes) const override {
     *bytes = c.pass == Pass::kForward ? cpu::forward_workspace_bytes(c) : cpu::backward_workspace_bytes(c);
     return Status::ok();
+  }
+
+  std::string workspace_report(const Call& c) const override {
+    return c.pass == Pass::kForward ? cpu::forward_workspace_report(c) : cpu::backward_workspace_report(c);
   }
 
   Status run(const Call& c) const override {

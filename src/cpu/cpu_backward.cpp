@@ -41,7 +41,7 @@ struct BwdLayout {
   int64_t q_floats = 0, do_floats = 0, fin_floats = 0;
   KvPanels kv;
 
-  explicit BwdLayout(const Call& c) : kv(c, /*kt=*/true, /*k=*/true, /*v=*/false, /*vt=*/true) {
+  explicit BwdLayout(const Call& c) : kv(c, known_kv_lengths(c), /*kt=*/true, /*k=*/true, /*v=*/false, /*vt=*/true) {
     rows_total = c.plan.varlen ? c.total_q : c.b * c.s_q;
     d_floats = (c.h_q * rows_total + 15) & ~int64_t(15);
     q_floats = (c.h_q * rows_total * round_up8(c.d) + 15) & ~int64_t(15);
@@ -369,6 +369,15 @@ void dq_task(const Bwd& w, BwdTiles& t, int64_t bb, int64_t hb, int64_t qb) {
 }  // namespace
 
 size_t backward_workspace_bytes(const Call& c) { return BwdLayout(c).bytes(); }
+
+std::string backward_workspace_report(const Call& c) {
+  const BwdLayout lay(c);
+  return "D, fp32 copies of q and d_out rows: " +
+         std::to_string((lay.d_floats + lay.q_floats + lay.do_floats + 2 * lay.fin_floats) * 4) +
+         " bytes; fp32 K^T, K and V^T panels: " + std::to_string(lay.kv.slots) + " key slots x " +
+         std::to_string(c.h_kv) + " KV heads x " + std::to_string(lay.kv.bytes_per_slot() / std::max<int64_t>(c.h_kv, 1)) +
+         " bytes" + (lay.bias_floats > 0 ? "; fp32 d_bias accumulator: " + std::to_string(lay.bias_floats * 4) + " bytes" : "");
+}
 
 Status run_backward(const Call& c) {
   Ctx x(c);

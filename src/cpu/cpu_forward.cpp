@@ -20,8 +20,11 @@
 // fewer tiles than splits, so its partial is then the sink alone (o = 0, lse = sigma). Every other split starts
 // vanilla, and an empty one has lse = -inf and weight 0 (it cannot overwrite a valid LSE); a row whose every
 // partial is -inf (vanilla, no key) ends with out = 0, LSE = -inf. The same scheme as the CUDA decode kernels.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "cpu/cpu_common.hpp"
 #include "cpu/cpu_panels.hpp"
@@ -29,20 +32,36 @@
 
 namespace sinkattn::cpu {
 
-// K transposed and V rows in fp32 (cpu_panels.hpp).
-static KvPanels forward_panels(const Call& c) { return KvPanels(c, /*kt=*/true, /*k=*/false, /*v=*/true, /*vt=*/false); }
+// K transposed and V rows in fp32 (cpu_panels.hpp), for the keys each sequence reads.
+static KvPanels forward_panels(const Call& c, const std::vector<int64_t>& len_kv) {
+  return KvPanels(c, len_kv, /*kt=*/true, /*k=*/false, /*v=*/true, /*vt=*/false);
+}
 
 // The number of key splits of a forward (SPEC.md section 4: num_splits 0 = heuristic, 1 = none, N = at most N).
-static int64_t forward_num_splits(const Call& c) {
-  if (c.num_splits > 0) return std::min<int64_t>(c.num_splits, kMaxSplits);
-  // Heuristic: split only when the (sequence, head, query block) tasks leave threads idle, into splits of at least
-  // 4 key tiles (shapes only: the workspace query gives the same answer as the run).
-  const int64_t nqb = (c.s_q + kBlockQ - 1) / kBlockQ;
-  const int64_t tasks = c.b * c.h_q * nqb;
-  const int64_t threads = cpu_threads(*c.p);
-  if (tasks == 0 || tasks >= threads) return 1;
-  const int64_t tiles = (c.s_kv + kBlockK - 1) / kBlockK;
-  return std::clamp<int64_t>(std::min((threads + tasks - 1) / tasks, tiles / 4), 1, kMaxSplits);
+// `len_kv`: known_kv_lengths(c) (empty: a shape-only size query).
+static int64_t forward_num_splits(const Call& c, const std::vector<int64_t>& len_kv) {
+  int64_t splits = 1;
+  if (c.num_splits > 0) {
+    splits = std::min<int64_t>(c.num_splits, kMaxSplits);
+  } else {
+    // Heuristic: split only when the (sequence, head, query block) tasks leave threads idle, into splits of at
+    // least 4 key tiles (from shapes).
+    const int64_t nqb = (c.s_q + kBlockQ - 1) / kBlockQ;
+    const int64_t tasks = c.b * c.h_q * nqb;
+    const int64_t threads = cpu_threads(*c.p);
+    if (tasks == 0 || tasks >= threads) return 1;
+    const int64_t tiles = (c.s_kv + kBlockK - 1) / kBlockK;
+    splits = std::clamp<int64_t>(std::min((threads + tasks - 1) / tasks, tiles / 4), 1, kMaxSplits);
+  }
+  // No more splits than one per key tile of the longest band plus the sink's: a band of t tiles cut into S > t
+  // splits gives one tile to each of the first t and leaves the others empty, the sink in the last, so S and t + 1
+  // splits give the same partials in the same order, bit for bit (an empty split weighs exactly 0), and the
+  // partials' workspace follows the keys the call reads, not a page table's capacity. A shape-only size query bounds
+  // the keys by s_kv, which gives at least as many splits as the run.
+  int64_t longest = c.s_kv;
+  if (!len_kv.empty()) longest = *std::max_element(len_kv.begin(), len_kv.end());
+  if (c.b > 0) splits = std::min(splits, (longest + kBlockK - 1) / kBlockK + 1);
+  return std::max<int64_t>(splits, 1);
 }
 
 namespace {
@@ -247,18 +266,35 @@ void combine_row(const Ctx& x, const SplitPartials& parts, int64_t n, int64_t h,
 }  // namespace
 
 size_t forward_workspace_bytes(const Call& c) {
-  const SplitPartials parts(c, forward_num_splits(c));
-  return static_cast<size_t>(forward_panels(c).floats() + parts.floats()) * sizeof(float);
+  const std::vector<int64_t> len_kv = known_kv_lengths(c);
+  const SplitPartials parts(c, forward_num_splits(c, len_kv));
+  return static_cast<size_t>(forward_panels(c, len_kv).floats() + parts.floats()) * sizeof(float);
+}
+
+std::string forward_workspace_report(const Call& c) {
+  const std::vector<int64_t> len_kv = known_kv_lengths(c);
+  const KvPanels kv = forward_panels(c, len_kv);
+  const SplitPartials parts(c, forward_num_splits(c, len_kv));
+  std::string s = "fp32 K^T and V panels: " + std::to_string(kv.slots) + " key slots x " + std::to_string(c.h_kv) +
+                  " KV heads x " + std::to_string(kv.bytes_per_slot() / c.h_kv) + " bytes (" +
+                  (len_kv.empty() && c.b > 0 ? "a bound from shapes: this size query has no batch tensor data"
+                                             : "the keys each sequence reads, each rounded up to 8, + 8") +
+                  ")";
+  if (parts.splits > 1)
+    s += "; " + std::to_string(parts.splits) + " key splits' partial outputs: " + std::to_string(parts.floats() * 4) +
+         " bytes";
+  return s;
 }
 
 Status run_forward(const Call& c) {
   Ctx x(c);
   resolve_rng(c, &x);
-  SplitPartials parts(c, forward_num_splits(c));
+  const std::vector<int64_t> len_kv = known_kv_lengths(c);
+  SplitPartials parts(c, forward_num_splits(c, len_kv));
   const int64_t blocks = c.b * c.h_q * x.nqb;
   const int64_t tasks = blocks * parts.splits;
   if (tasks == 0) return Status::ok();
-  KvPanels kv = forward_panels(c);
+  KvPanels kv = forward_panels(c, len_kv);
   if (kv.floats() + parts.floats() > 0 && c.p->workspace == nullptr) return internal_error("cpu forward: workspace is NULL");
   kv.bind(static_cast<float*>(c.p->workspace));
   parts.bind(static_cast<float*>(c.p->workspace) + kv.floats());

@@ -5,7 +5,11 @@
 //   v  [ld_n][dvp] V rows            (out += P V)
 //   vt [d_v][ld_n] V transposed      (dP = dO V^T)
 // per (sequence n, KV head), with ld_n = round_up8(len_kv_n) + 8 key slots: keys past len_kv_n are zeros, so a
-// tile may read up to 7 columns past its last key. Masked keys inside the sequence (out of window) keep their
+// tile may read up to 7 columns past its last key. The panels hold the keys each sequence reads (len_kv_n:
+// seqlens_kv, seqused_kv, the cu_seqlens_kv differences), never the capacity of the tensors they come from: a page
+// table of 65,536 pages per sequence whose sequences use 100 keys costs 100 keys (SPEC.md section 1: entries past
+// ceil(seqused_kv / page_size) are never read). The size query reads the lengths when it is given the batch
+// tensors (as every run is); a shape-only query (NULL data) gets the bound from shapes. Masked keys inside the sequence (out of window) keep their
 // values; the kernels never let them reach an output: their scores are replaced by -inf and their P and dS by
 // exactly 0, and a product with K or V rows (P V, dS K) runs on the fast tile kernel only when every key row of
 // the tile is finite (0 * finite = 0), else on the exact per-row kernel over visible keys only (k_fin / v_fin
@@ -20,22 +24,48 @@
 
 namespace sinkattn::cpu {
 
+// The keys each sequence reads (SeqSpan::len_kv), when the call's batch tensors can be read here: q and every present
+// batch tensor have data (host memory, whose contents resolve_call has checked). Empty for a shape-only size query
+// (NULL data pointers), whose sizes then come from shapes alone.
+inline std::vector<int64_t> known_kv_lengths(const Call& c) {
+  const sinkattn_params_t& p = *c.p;
+  if (p.q.data == nullptr || c.memory != Memory::kHost) return {};
+  const bool need[] = {c.plan.varlen, c.plan.varlen && !c.paged.on, c.plan.seqused_kv, c.plan.seqlens_q,
+                       c.plan.seqlens_kv};
+  const sinkattn_tensor_t* tensors[] = {&p.cu_seqlens_q, &p.cu_seqlens_kv, &p.seqused_kv, &p.seqlens_q, &p.seqlens_kv};
+  for (int i = 0; i < 5; ++i)
+    if (need[i] && tensors[i]->data == nullptr) return {};
+  const BatchTensors bt = batch_tensors(c);
+  std::vector<int64_t> len(static_cast<size_t>(c.b));
+  for (int64_t n = 0; n < c.b; ++n) len[n] = seq_span<int64_t>(bt, n).len_kv;
+  return len;
+}
+
 struct KvPanels {
   bool want_kt = false, want_k = false, want_v = false, want_vt = false;
-  int64_t slots = 0;             // key slots per KV head (an upper bound computable from shapes alone)
+  int64_t slots = 0;             // key slots per KV head: sum_n ld(n), or a bound of it from shapes alone
   int64_t h_kv = 0;
   std::vector<int64_t> seq_off;  // first slot of sequence n
   float *kt = nullptr, *k = nullptr, *v = nullptr, *vt = nullptr;
   uint8_t *k_fin = nullptr, *v_fin = nullptr;  // per key slot: the K row / V row is finite
   int64_t d = 0, dv = 0, dp = 0, dvp = 0;
 
-  // Sizes from shapes only (workspace-size queries may have no data): sum_n round_up8(len_n) + 8 <= bound.
-  KvPanels(const Call& c, bool kt_, bool k_, bool v_, bool vt_)
+  // `len_kv`: known_kv_lengths(c). Known: exactly the slots fill() lays out, sum_n round_up8(len_kv_n) + 8. Unknown
+  // (shape-only query): a bound of it, since each sequence holds at most s_kv keys (dense extent, max_pages *
+  // page_size, or max_seqlen_kv for varlen queries over a page table), varlen ones at most their cu_seqlens_kv rows.
+  // Pages shared between sequences are converted once per sequence.
+  KvPanels(const Call& c, const std::vector<int64_t>& len_kv, bool kt_, bool k_, bool v_, bool vt_)
       : want_kt(kt_), want_k(k_), want_v(v_), want_vt(vt_), h_kv(c.h_kv), d(c.d), dv(c.d_v),
         dp(round_up8(c.d)), dvp(round_up8(c.d_v)) {
-    // Paged KV: each sequence holds at most s_kv keys (max_pages * page_size, or max_seqlen_kv for varlen queries);
-    // pages shared between sequences are converted once per sequence.
-    slots = c.plan.varlen && !c.paged.on ? c.total_kv + 16 * c.b : c.b * (round_up8(c.s_kv) + 8);
+    if (!len_kv.empty() || c.b == 0) {
+      slots = 0;
+      for (int64_t l : len_kv) slots += round_up8(l) + 8;
+    } else {
+      slots = c.plan.varlen && !c.paged.on ? c.total_kv + 16 * c.b : c.b * (round_up8(c.s_kv) + 8);
+    }
+  }
+  int64_t bytes_per_slot() const {
+    return 4 * h_kv * ((want_kt ? d : 0) + (want_k ? dp : 0) + (want_v ? dvp : 0) + (want_vt ? dv : 0));
   }
   int64_t floats() const {
     const int64_t per_slot = (want_kt ? d : 0) + (want_k ? dp : 0) + (want_v ? dvp : 0) + (want_vt ? dv : 0);

@@ -12,6 +12,7 @@
 //   (bwd_small.cu) writes dq = softmax_scale * ws_dq in the dtype.
 // Per-row inputs come from the preprocess pass (bwd_small.cu): LSE2 = LSE * log2(e) (+inf for rows that see
 // no key or are padding, so their P is exactly 0) and Dp = D - d_lse.
+// dS enters the dK and dQ products rounded to T, or at tile 32 as two terms of T (tiles::bwd_split_ds).
 #pragma once
 
 #include "cuda/dropout.cuh"
@@ -120,7 +121,10 @@ __global__ void __launch_bounds__(DqTraits<HD>::kThreads, 1) bwd_dq_kernel(const
       }
     }
     if (p.ws_dbias) store_dbias_ws<NT, false>(p, s, n, h, row_w, j0, sq.len_q, sq.len_kv, lane);
-    gemm_pb<T, NT, NO, LD>(acc, s, k_cur, lane);
+    if constexpr (tiles::bwd_split_ds(HD))  // dS as two terms of T (tiles.hpp says why)
+      gemm_pb_split<T, NT, NO, LD>(acc, s, k_cur, lane);
+    else
+      gemm_pb<T, NT, NO, LD>(acc, s, k_cur, lane);
   }
   cp_async_wait<0>();
   // Padding rows [len_q, rows_q) of a dense batch get dq = 0 exactly (SPEC 3).
@@ -143,6 +147,9 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
   float* sD = sL + 2 * BM;                                 // [2][BM] D - d_lse
   T* sdS = reinterpret_cast<T*>(sD + 2 * BM);              // [BN][BM + 8] dS^T of the step (fused dq only)
   constexpr int LDS = Tr::kStrideS;
+  // Tr::kSplitDS (tiles::bwd_split_ds): dS enters the dK and dQ products as hi + lo terms of T; sdS holds the hi terms
+  // and sdS_lo the lo ones.
+  [[maybe_unused]] T* const sdS_lo = Tr::kSplitDS ? sdS + BN * LDS : nullptr;  // [BN][BM + 8]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -239,18 +246,33 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int c = nt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + c) = ElemTraits<T>::pack(s[nt][0], s[nt][1]);
-          *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + c) = ElemTraits<T>::pack(s[nt][2], s[nt][3]);
+          if constexpr (Tr::kSplitDS) {
+            const int ea = (warp * 16 + g) * LDS + c, eb = ea + 8 * LDS;  // rows g and g + 8 of this warp's keys
+            pack_split<T>(s[nt][0], s[nt][1], *reinterpret_cast<uint32_t*>(sdS + ea),
+                          *reinterpret_cast<uint32_t*>(sdS_lo + ea));
+            pack_split<T>(s[nt][2], s[nt][3], *reinterpret_cast<uint32_t*>(sdS + eb),
+                          *reinterpret_cast<uint32_t*>(sdS_lo + eb));
+          } else {
+            *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + c) = ElemTraits<T>::pack(s[nt][0], s[nt][1]);
+            *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + c) = ElemTraits<T>::pack(s[nt][2], s[nt][3]);
+          }
         }
       }
       gemm_pb<T, NT, NO, LD>(acc_dv, dpv, do_cur, lane);
-      gemm_pb<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
+      if constexpr (Tr::kSplitDS)
+        gemm_pb_split<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
+      else
+        gemm_pb<T, NT, NO, LD>(acc_dk, s, q_cur, lane);
     } else if (p.ws_dq) {  // this warp's keys see no query of the block: dS^T rows are zero
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = nt * 8 + 2 * t;
         *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + c) = 0u;
         *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + c) = 0u;
+        if constexpr (Tr::kSplitDS) {
+          *reinterpret_cast<uint32_t*>(sdS_lo + (warp * 16 + g) * LDS + c) = 0u;
+          *reinterpret_cast<uint32_t*>(sdS_lo + (warp * 16 + g + 8) * LDS + c) = 0u;
+        }
       }
     }
     if (p.ws_dq) {
@@ -270,6 +292,7 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
         float accq[NC][4];
         zero_acc(accq);
         gemm_atb<T, NC, BN, LDS, LD>(accq, sdS + mtile * 16, sK + ch * CW, lane);
+        if constexpr (Tr::kSplitDS) gemm_atb<T, NC, BN, LDS, LD>(accq, sdS_lo + mtile * 16, sK + ch * CW, lane);
 #pragma unroll
         for (int nt = 0; nt < NC; ++nt) {
           const int col = ch * CW + nt * 8 + 2 * t;

@@ -109,9 +109,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // aligned and batch/row/head strides multiples of 8 elements.
 Status check_rows(const char* name, const sinkattn_tensor_t& t, const RowStrides& st, bool shape_only) {
   if (!shape_only && t.data != nullptr && !aligned16(t.data))
-    return unsupported(std::string("cuda backend: ") + name + ": data pointer must be 16-byte aligned");
+    return unsupported(std::string(name) + ": data pointer must be 16-byte aligned");
   if (st.b % 8 != 0 || st.s % 8 != 0 || st.h % 8 != 0)
-    return unsupported(std::string("cuda backend: ") + name +
+    return unsupported(std::string(name) +
                        ": batch, row and head strides must be multiples of 8 elements (16-byte rows), got b=" +
                        std::to_string(st.b) + " s=" + std::to_string(st.s) + " h=" + std::to_string(st.h));
   return Status::ok();
@@ -354,28 +354,29 @@ class CudaBackend final : public Backend {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
-      return unsupported("cuda backend: no CUDA device found");
+      return unsupported("no CUDA device found");
     }
     if (c.memory != Memory::kDevice)
-      return unsupported("cuda backend: tensors are in host memory (the CUDA backend needs device memory)");
+      return unsupported("tensors are in host memory (the CUDA backend needs device memory)");
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (major < 8) return unsupported("cuda backend: needs compute capability 8.0 or newer, found " + std::to_string(major) + ".x");
+    if (major < 8) return unsupported("needs compute capability 8.0 or newer, found " + std::to_string(major) + ".x");
     if (c.dtype == SINKATTN_F32) return cuda_f32::supports(c);  // plain fp32 SIMT path (src/cuda/fp32)
     if (c.dtype != SINKATTN_F16 && c.dtype != SINKATTN_BF16)
-      return unsupported(std::string("cuda backend: dtype ") + dtype_str(c.dtype) + " not supported");
+      return unsupported(std::string("q: dtype ") + dtype_str(c.dtype) + " not supported");
     if (c.d % 8 != 0 || c.d_v % 8 != 0 || head_dim_tile(c.d, c.d_v) == 0)
-      return unsupported("cuda backend: head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
-                         " not supported (multiples of 8 up to 256; tiles " + cuda::head_dim_tiles_text(", ") + ")");
+      return unsupported("q: head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
+                         " not supported (multiples of 8 up to 256; tiles " +
+                         cuda::head_dim_tiles_text(", ") + ")");
     if (c.b > 65535 || c.h_q > 65535)
-      return unsupported("cuda backend: b and h_q must be <= 65535 (grid dimensions)");
+      return unsupported("q: b and h_q must be <= 65535 (grid dimensions)");
     if (c.s_q + c.s_kv >= (int64_t{1} << 30))
-      return unsupported("cuda backend: s_q + s_kv (max_seqlen_q + max_seqlen_kv for varlen) must be below 2^30 "
+      return unsupported("s_q + s_kv (max_seqlen_q + max_seqlen_kv for varlen) must be below 2^30 "
                          "(32-bit mask arithmetic, common/mask.hpp)");
     if (c.pass == Pass::kBackward && c.plan.bias == Use::kRequired &&
         static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * 4.0 > 64.0 * (1ull << 30))
-      return unsupported("cuda backend: d_bias needs an fp32 workspace of b*h_q*s_q*s_kv floats, over 64 GiB here");
+      return unsupported("d_bias: needs an fp32 workspace of b*h_q*s_q*s_kv floats, over 64 GiB here");
     const sinkattn_params_t& p = *c.p;
     const bool shape_only = p.q.data == nullptr;
     SINKATTN_RETURN_IF_ERROR(check_rows("q", p.q, c.q, shape_only));
@@ -393,7 +394,7 @@ class CudaBackend final : public Backend {
     if (c.paged.on) {  // the kernels index the page table with 32-bit integers
       const int64_t span = c.b * c.paged.pt_n + c.paged.max_pages * c.paged.pt_p;
       if (span >= (int64_t{1} << 31) || c.paged.page_size >= (int64_t{1} << 30))
-        return unsupported("cuda backend: page_table spans 2^31 or more entries (or page_size >= 2^30)");
+        return unsupported("page_table: spans 2^31 or more entries (or page_size >= 2^30)");
     }
     (void)empty_rows;
     return Status::ok();
@@ -415,7 +416,7 @@ class CudaBackend final : public Backend {
     const cuda::KernelChoice kc = kernel_choice(c);
     const Workspace w = workspace_layout(c, kc);
     if (c.pass == Pass::kBackward && c.p->workspace_bytes < w.total)
-      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "cuda backend: workspace of " +
+      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "workspace: the cuda backend got " +
                                                           std::to_string(c.p->workspace_bytes) + " bytes, needs " +
                                                           std::to_string(w.total)};
     if (c.pass == Pass::kBackward && w.total > 0 && c.p->workspace == nullptr)
@@ -437,7 +438,7 @@ class CudaBackend final : public Backend {
   // Forward on the decode kernels (decode/decode.hpp) [+ rng_state].
   static Status run_decode(const Call& c, const cuda::DecodePlan& dp, Params& k, cudaStream_t st) {
     if (c.p->workspace_bytes < dp.bytes || (dp.bytes > 0 && c.p->workspace == nullptr))
-      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "cuda backend: workspace of " +
+      return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "workspace: the cuda backend got " +
                                                           std::to_string(c.p->workspace_bytes) +
                                                           " bytes, the decode forward needs " + std::to_string(dp.bytes)};
     cuda::bind_decode(dp, c.p->workspace, &k);

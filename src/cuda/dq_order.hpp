@@ -1,6 +1,7 @@
-// CUDA backend: the fixed order in which the Hopper dK dV kernel adds dq in the deterministic backward
-// (deterministic = 1; hopper/bwd_dkdv_sm90.cuh with kDet), and the block order it depends on. Host + device code
-// (SINKATTN_HD) so that tests/test_mask_order.cpp checks the order, and that it cannot deadlock, on the CPU.
+// CUDA backend: the fixed order in which the Hopper dK dV kernels add dq in the deterministic backward
+// (deterministic = 1; their kDet variants, whose turns are hopper/bwd_sm90_dq.cuh's), and the block order it depends
+// on. Host + device code (SINKATTN_HD) so that tests/test_mask_order.cpp checks the order, and that it cannot
+// deadlock, on the CPU.
 //
 // The kernel runs one block per (key block kb, KV head hk, sequence n). dq_i = sum_j dS_ij k_j is accumulated in fp32
 // in the workspace (Params::ws_dq) by every key block that some row of i's query block sees. Deterministic mode:
@@ -27,13 +28,13 @@
 //     Turns of one query block for the group's `group` steps make block kb trail its predecessor by `group` steps:
 //     at GPT-OSS full (group 8, 128-row steps, 32 key blocks a head) the k-th of the blocks of a head that run at
 //     once idles about 8 k steps, and the deterministic backward ran at 0.65x of the default one on an H100 (0.76x
-//     on the H200); one turn per step: 0.83x (bench/RESULTS.md, 2026-12-05 sixteenth session). With a bias one
+//     on the H200); one turn per step: 0.83x (bench/RESULTS.md, 2026-12-05, H100 and H200, 748eeac). With a bias one
 //     turn per query block stays (dq_turn_per_step): there every thread also stores dS to the d_bias workspace, the
 //     release's fence (MEMBAR.GPU) waits for thread 0's stores of the step, and per-step turns measured 9% slower
 //     (GPT-OSS full + bias on an H100, 0.90x -> 0.84x). Per-step turns had measured slower at GPT-OSS too before
-//     the release stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01 third and 2026-12-03
-//     twelfth sessions). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost registers
-//     and speed at every group; bench/RESULTS.md, 2026-12-01 third session).
+//     the release stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01, H200, 193dd4b, and
+//     2026-12-03, H200, dfffab6). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost
+//     registers and speed at every group; bench/RESULTS.md, 2026-12-01, H200, 193dd4b).
 #pragma once
 
 #include <cstdint>

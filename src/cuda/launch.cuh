@@ -266,7 +266,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
       // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
       using Tr90B = sm90::DkvSm90Traits<HD, true>;
       // The dropout variants' threads and shared memory: a third warpgroup and its keep buffers where
-      // tiles::dkdv_sm90_keep_producer (bwd_dkdv_sm90.cuh, keep_producer); the plain kernel's otherwise.
+      // tiles::dkdv_sm90_keep_producer (keep_producers.cuh, keep_producer); the plain kernel's otherwise.
       using Tr90D = sm90::DkvSm90Traits<HD, false, true>;
       if (kc.bias) {
         kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>

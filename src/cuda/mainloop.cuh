@@ -4,7 +4,7 @@
 //   gemm_abt: acc(16 x N) += A(16 x K) * B(N x K)^T   (S = Q K^T, S^T = K Q^T, dP = dO V^T, dP^T = V dO^T)
 //   gemm_pb:  acc(16 x N) += P(16 x K) * B(K x N)     (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q)
 // A and B are row-major tiles in shared memory with row stride LD (elements); P comes from fp32 C fragments
-// and is rounded to the input dtype (as FlashAttention does).
+// and is rounded to the input dtype (as FlashAttention does), or carried as two terms of it (gemm_pb_split).
 #pragma once
 
 #include "cuda/common.cuh"
@@ -44,6 +44,42 @@ __device__ __forceinline__ void gemm_pb(float (&acc)[NO][4], const float (&p)[NK
       ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + np * 16 + (lane / 16) * 8);
       ElemTraits<T>::mma(acc[2 * np], a, b[0], b[1]);
       ElemTraits<T>::mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// x0, x1 as two terms of T each: hi = the pair rounded to T, lo = (x - hi) rounded to T, so that hi + lo holds x to
+// about twice T's precision (bf16: 16 bits instead of 8). A value whose rounding to T overflows keeps lo = 0 (an
+// infinite hi stays what the one rounding gives, never inf - inf).
+template <typename T>
+__device__ __forceinline__ void pack_split(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = ElemTraits<T>::pack(x0, x1);
+  T h[2];
+  memcpy(h, &hi, sizeof(hi));
+  const float h0 = ElemTraits<T>::to_float(h[0]), h1 = ElemTraits<T>::to_float(h[1]);
+  lo = ElemTraits<T>::pack(isfinite(h0) ? x0 - h0 : 0.f, isfinite(h1) ? x1 - h1 : 0.f);
+}
+
+// gemm_pb with P as two terms of T (pack_split): acc += hi B + lo B, the two products sharing each B fragment. For the
+// products whose one rounding of P to T would dominate their error (tiles::bwd_split_ds).
+template <typename T, int NK, int NO, int LD>
+__device__ __forceinline__ void gemm_pb_split(float (&acc)[NO][4], const float (&p)[NK][4], const T* sB, int lane) {
+  static_assert(NK % 2 == 0 && NO % 2 == 0, "tile shape");
+#pragma unroll
+  for (int kc = 0; kc < NK / 2; ++kc) {
+    uint32_t hi[4], lo[4];
+    pack_split<T>(p[2 * kc][0], p[2 * kc][1], hi[0], lo[0]);
+    pack_split<T>(p[2 * kc][2], p[2 * kc][3], hi[1], lo[1]);
+    pack_split<T>(p[2 * kc + 1][0], p[2 * kc + 1][1], hi[2], lo[2]);
+    pack_split<T>(p[2 * kc + 1][2], p[2 * kc + 1][3], hi[3], lo[3]);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sB + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + np * 16 + (lane / 16) * 8);
+      ElemTraits<T>::mma(acc[2 * np], hi, b[0], b[1]);
+      ElemTraits<T>::mma(acc[2 * np + 1], hi, b[2], b[3]);
+      ElemTraits<T>::mma(acc[2 * np], lo, b[0], b[1]);
+      ElemTraits<T>::mma(acc[2 * np + 1], lo, b[2], b[3]);
     }
   }
 }

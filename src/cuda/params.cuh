@@ -160,8 +160,10 @@ struct DkvTraits {
   static constexpr int kBlockM = tiles::dkdv_block_m(HD);
   static constexpr int kStride = HD + 8;
   static constexpr int kStrideS = kBlockM + 8;  // sdS row stride (elements)
-  static constexpr int kSmem =
-      (2 * kBlockN + 4 * kBlockM) * kStride * 2 + 4 * kBlockM * 4 + kBlockN * kStrideS * 2;
+  // dS as two terms (tiles::bwd_split_ds): the staged dS^T of the fused dq twice, its hi and lo terms.
+  static constexpr bool kSplitDS = tiles::bwd_split_ds(HD);
+  static constexpr int kSmem = (2 * kBlockN + 4 * kBlockM) * kStride * 2 + 4 * kBlockM * 4 +
+                               (kSplitDS ? 2 : 1) * kBlockN * kStrideS * 2;
 };
 
 }  // namespace sinkattn::cuda

@@ -33,6 +33,19 @@ constexpr int dkdv_warps(int hd) { return hd <= 128 ? 8 : 4; }
 constexpr int dkdv_block_n(int hd) { return 16 * dkdv_warps(hd); }
 constexpr int dkdv_block_m(int hd) { return hd <= 128 ? 64 : 32; }
 
+// sm_80 backward at tile 32 (head dims up to 32): dS enters the dK and dQ products as two terms of the input dtype,
+// hi = dS rounded and lo = (dS - hi) rounded (mainloop.cuh, gemm_pb_split), instead of dS rounded once. With one
+// rounding the backward's arithmetic is that of SPEC 5's plain implementation, but its D comes from the out it is fed
+// while the plain implementation's comes from its own out; where dK_j = softmax_scale * sum_i dS_ij q_i or dQ is
+// ill-conditioned the plain error can then fall below half the backward's, and the backward misses the budget (shared
+// case head-dims, d = 8, on an H100: dK 4.93e-3 against 2 x 1.92e-3 + 1e-3). A CPU emulation of this kernel's
+// arithmetic on random inputs of that shape (100 keys, causal, GQA 2:1, sinks log(100) and 20) misses the budget on
+// 9 of 3000 at d = 8 (dK up to 1.21x, dQ up to 1.12x), on 1 of 1500 at d = 16, 24 and 32 (up to 1.17x), and with the
+// split on none of 3000 at d = 8 (at most 0.44x); at d = 48 on 1 of 1500 (1.02x), at d = 40 and 64 on none of 1500.
+// The split costs one more tensor-core product per dK / dQ product, cheap at this tile; the other tiles keep one
+// rounding.
+constexpr bool bwd_split_ds(int hd) { return hd == 32; }
+
 // Hopper (sm_90a) kernels, head-dim tiles 64 and 128: the backward and the warp-specialised forward's bias / dropout
 // variants.
 constexpr bool has_sm90(int hd) { return hd == 64 || hd == 128; }
@@ -45,7 +58,7 @@ constexpr bool has_sm90_fwd_ws(int hd) { return has_sm90(hd) || hd == 192 || hd 
 constexpr bool dkdv_sm90_wide(int hd) { return hd == 256; }
 constexpr int dkdv_sm90_block_n(int hd) { return dkdv_sm90_wide(hd) ? 64 : 128; }
 // Query rows per step: 128 at tile 64 without bias or dropout (S^T and dP^T as m64n128 products, half the steps and
-// barriers per FLOP; measured on the H200: bench/RESULTS.md, 2026-12-03 fifteenth session), 64 otherwise (tile 128:
+// barriers per FLOP; measured on the H200: bench/RESULTS.md, 2026-12-03, 09990b7), 64 otherwise (tile 128:
 // the math takes 254 registers at 64 rows; the bias / dropout variants' staging and keep bits are laid out for 64).
 constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ? 128 : 64; }
 // The Hopper dK dV kernel's dropout variant draws the keep bits in a producer warpgroup at head dim 64; at 128 the
@@ -67,14 +80,15 @@ constexpr int sm90_ws_block_n(int hd) { return hd <= 128 ? 128 : 64; }
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
 // Its bias variant (kBias): 2 consumers, staged by TMA or not. Staged, 2 read the tile's words into registers
 // (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spill 114 bytes: GPT-OSS full +
-// bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (bench/RESULTS.md 2026-12-02, eighth session;
+// bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (bench/RESULTS.md 2026-12-02, H200, 19e4aad;
 // before the ldmatrix reads, 3 were marginally faster: 1.285 against 1.298). A bias loaded from global memory (fp32,
-// strided, unaligned rows): 2, whose threads have the registers to prefetch it (fifth session: 2.52 ms against 2.66).
+// strided, unaligned rows): 2, whose threads have the registers to prefetch it (2026-12-01, H200, 299693c: 2.52 ms
+// against 2.66).
 constexpr int sm90_ws_bias_consumers(int /*hd*/) { return 2; }
 // Its dropout variant (kDropout): 2 consumers; warps 1 .. 3 of the producer warpgroup draw keep bits with this many
 // registers (setmaxnreg), the consumers take (3 x 168 - this) / 2. The consumers draw the bits of the first
 // sm90_ws_dropout_consumer_slices 8-key slices of every key block, the producer those of the others. H200,
-// bench/RESULTS.md 2026-12-02 eleventh session, GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.93 ms,
+// bench/RESULTS.md 2026-12-02, 1651c86, GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.93 ms,
 // 8: 2.77 / 2.04, 10: 2.49 / 1.70 (12, with two producer units in flight: 2.60 / 2.05); 56 producer registers at
 // head dim 64 instead of 88: 2.88 against 2.64 ms (a build drawing the consumers' slices 5 at a time).
 constexpr int sm90_ws_dropout_consumers(int /*hd*/) { return 2; }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -479,4 +480,67 @@ TEST(Malformed, LibraryRejectionIsAnErrorExit) {
   write_file(p, serialize_safetensors({{"q", &q}, {"k", &k}, {"v", &v}}, {}));
   EXPECT_NO_THROW(read_capture(p));
   EXPECT_EQ(run_cmd(std::string(SINKATTN_CLI) + " run --inputs " + p + " --out " + kDir + "/bad-heads.result.safetensors"), 1);
+}
+
+// ---- errors in the user's words: a capture with a mistake names the tensor or metadata key as the file spells it
+namespace {
+
+// Runs the command, returns (exit status, stderr).
+std::pair<int, std::string> run_capturing_stderr(const std::string& cmd, const std::string& err_path) {
+  const int st = std::system((cmd + " > /dev/null 2> " + err_path).c_str());
+  std::string text;
+  if (FILE* f = std::fopen(err_path.c_str(), "rb")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  return {st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st), text};
+}
+
+HostTensor filled(sinkattn_dtype_t dt, std::vector<int64_t> shape) {
+  HostTensor t(dt, std::move(shape));
+  const std::vector<double> vals = gen_values("user-errors", t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) store_float(t.bytes.data(), dt, i, static_cast<float>(vals[i]));
+  return t;
+}
+
+}  // namespace
+
+TEST(UserErrors, CommandMessagesNameTheTensorOrKey) {
+  struct Case {
+    const char* name;
+    std::function<void(std::map<std::string, HostTensor>&, std::map<std::string, std::string>&)> mistake;
+    std::string want;  // the error line must contain this
+  };
+  const std::vector<Case> cases = {
+      {"v-dtype", [](auto& t, auto&) { t["v"] = filled(SINKATTN_BF16, {1, 4, 2, 8}); },
+       "tensor 'v' has dtype BF16, expected the dtype of q (F32)"},
+      {"sinks-length", [](auto& t, auto&) { t["sinks"] = filled(SINKATTN_F32, {3}); },
+       "sinks: shape must be [2], got [3]"},
+      {"window-not-an-int", [](auto&, auto& m) { m["window_left"] = "(127, 0)"; }, "key 'window_left'"},
+      {"head-dim-600",
+       [](auto& t, auto&) {
+         for (const char* n : {"q", "k", "v"}) t[n] = filled(SINKATTN_F32, {1, 4, 2, 600});
+       },
+       "no backend can run this call: cpu: q: head dim d = 600"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::map<std::string, HostTensor> t;
+    for (const char* n : {"q", "k", "v"}) t[n] = filled(SINKATTN_F32, {1, 4, 2, 8});
+    t["sinks"] = filled(SINKATTN_F32, {2});
+    std::map<std::string, std::string> meta = {{"softmax_type", "learnable"}};
+    c.mistake(t, meta);
+    std::vector<std::pair<std::string, const HostTensor*>> list;
+    for (const auto& [n, x] : t) list.push_back({n, &x});
+    const std::string p = unique_prefix(std::string("user-error-") + c.name) + ".safetensors";
+    write_file(p, serialize_safetensors(list, meta));
+    for (const std::string sub : {"run --out " + p + ".result.safetensors", std::string("check")}) {
+      const auto [st, err] = run_capturing_stderr(std::string(SINKATTN_CLI) + " " + sub + " --inputs " + p, p + ".err");
+      EXPECT_EQ(st, 1) << sub << ": " << err;
+      EXPECT_NE(err.find(c.want), std::string::npos) << sub << ": " << err;
+      EXPECT_EQ(err.find("cpu: cpu:"), std::string::npos) << err;
+    }
+  }
 }

@@ -9,7 +9,11 @@
 //   - outputs and workspace NaN-poisoned before every call; every output element written, no NaN;
 //   - a CUDA-graph capture (global mode: no synchronisation or allocation allowed) of decode calls with splits,
 //     replayed: bit-identical to the direct call;
-//   - page indices and seqused_kv in device memory validated by the read-back (and refused with the message).
+//   - page indices and seqused_kv in device memory validated by the read-back (and refused with the message);
+//   - a serving engine's decode batch (b = 256, GPT-OSS-120B heads) over a page table of 65,536 pages of 16 per
+//     sequence of which 1 .. 256 keys are used: the workspace size query within the stated bound, which does not
+//     grow with the table's capacity (CUDA: the partial outputs of at most 128 key splits of the query rows, 4 x 128
+//     x h_q x rows x (d_v + 1) bytes + 512; the CPU backend: its K / V panels of the keys used and its partials).
 // Usage: sinkattn_gpu_decode [--small] [--cpu-only] [-v]   (--small: the cases compute-sanitizer runs; --cpu-only:
 // no GPU, the same cases on the CPU backend, which checks the suite's own logic). Exit status 1 on failure.
 #include <cuda_runtime.h>
@@ -103,7 +107,17 @@ struct Case {
   std::vector<int32_t> splits = {1, 0, 3, 128};
   bool twin = true;              // also run the contiguous twin (paged cases) and compare bit for bit
   bool small = true;             // part of --small (compute-sanitizer)
+  int64_t table_pages = 0;       // > 0: the page table has this many columns (garbage past the pages used)
 };
+
+// The workspace bound stated for a paged call (header comment), in bytes.
+int64_t paged_workspace_bound(const Case& c, int64_t rows, int32_t splits) {
+  if (!g_cpu_only) return 4 * 128 * c.h_q * rows * (c.d_v + 1) + 512;
+  int64_t slots = 0, longest = 0;
+  for (int32_t u : c.seqused) slots += u + 16, longest = std::max<int64_t>(longest, u);
+  const int64_t s = splits == 0 ? 128 : std::min<int64_t>(splits, (longest + 63) / 64 + 1);
+  return 4 * c.h_kv * (c.d + c.d_v) * slots + (s > 1 ? 4 * s * c.h_q * rows * (c.d_v + 9) + 64 : 0);
+}
 
 // One call's buffers: q, the cache (pools + page table, or a dense padded cache), outputs.
 struct Problem {
@@ -156,8 +170,10 @@ struct Problem {
     ref::write_tensor(v.t, vp);
     ref::write_tensor(kd.t, kdd);
     ref::write_tensor(vd.t, vdd);
-    table.alloc(SINKATTN_I32, {b, L.max_pages});
-    std::memcpy(table.host.data(), L.table.data(), L.table.size() * 4);
+    const int64_t table_pages = std::max(L.max_pages, c.table_pages);
+    table.alloc(SINKATTN_I32, {b, table_pages});
+    for (int64_t n = 0; n < b; ++n)
+      std::memcpy(table.host.data() + n * table_pages * 4, L.table.data() + n * L.max_pages, L.max_pages * 4);
     used.alloc(SINKATTN_I32, {b});
     std::memcpy(used.host.data(), c.seqused.data(), c.seqused.size() * 4);
     lens.alloc(SINKATTN_I32, {b});
@@ -235,6 +251,7 @@ struct Problem {
 // Runs a device call with poisoned outputs and workspace; returns the status and the outputs (out, lse bytes).
 struct Result {
   sinkattn_status_t st = SINKATTN_OK;
+  size_t workspace = 0;  // bytes the size query reported
   std::string msg;
   std::vector<unsigned char> out, lse;
   ref::Result r;
@@ -247,6 +264,7 @@ Result run(Problem& P, sinkattn_params_t p, int32_t splits, cudaStream_t stream 
   P.lse.poison_dev();
   size_t bytes = 0;
   res.st = sinkattn_forward_workspace_size(&p, &bytes);
+  res.workspace = bytes;
   void* ws = nullptr;
   std::vector<unsigned char> host_ws;
   if (res.st == SINKATTN_OK) {
@@ -288,6 +306,13 @@ void run_case(const Case& c) {
     Result res = run(P, P.device(P.host_p), s);
     check(res.st == SINKATTN_OK, who + ": status " + std::to_string(res.st) + ": " + res.msg);
     if (res.st != SINKATTN_OK) continue;
+    if (c.table_pages > 0) {
+      const int64_t bound = paged_workspace_bound(c, P.total_q, s);
+      check(static_cast<int64_t>(res.workspace) <= bound, who + ": workspace " + std::to_string(res.workspace) +
+                                                              " bytes > the bound " + std::to_string(bound));
+      std::printf("  %s: workspace %.2f MiB (bound %.2f MiB) for a page table of %lld pages per sequence\n",
+                  who.c_str(), res.workspace / 1048576.0, bound / 1048576.0, static_cast<long long>(c.table_pages));
+    }
     for (const auto& row : ref::error_table(res.r, r64, lowp, c.dtype)) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s: SPEC 5 %s err %.3g > tol %.3g (plain low precision %.3g)", who.c_str(),
@@ -394,6 +419,18 @@ std::vector<Case> cases(bool small) {
     c.name = "gptoss-long-ps16";
     c.seqused = {32768, 5000};
     c.splits = {0, 1, 128};
+    c.small = false;
+    add(c);
+  }
+  {  // a serving engine's decode batch: b = 256 over a page table of 65,536 pages of 16 per sequence (room for
+     // 1,048,576 keys each), 1 .. 256 keys used; the workspace must not follow the table's capacity
+    Case c;
+    c.name = "gptoss-decode-b256-table65536";
+    std::mt19937_64 rng(39);
+    for (int n = 0; n < 256; ++n) c.seqused.push_back(1 + static_cast<int32_t>(rng() % 256));
+    c.seqused[0] = 1, c.seqused[1] = 256;
+    c.table_pages = 65536;
+    c.splits = {1, 0, 3, 128};
     c.small = false;
     add(c);
   }

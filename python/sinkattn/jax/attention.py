@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._errors import with_argument_names
 from . import _ffi
 from .reference import resolve_softmax_type, resolve_window, rng_seed_offset_words
 
@@ -119,16 +120,20 @@ def _optional_operands(sinks, bias, d_lse, batch, rng):
 
 
 def _workspace(backward: bool, platform: str, tensors: dict, options: dict) -> int:
-    """The library's size query (raises SinkattnError with its message). For a platform other than JAX's default
-    one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid call is
-    not raised at trace time: the library re-validates when that branch runs and raises the same message then.
-    ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
+    """Bytes of the workspace buffer XLA allocates for the call: the library's size query (raises SinkattnError with
+    its message) on CUDA; 0 on the CPU, whose handler takes the workspace from the host heap, sized with the call's
+    batch tensors (the CPU backend's workspace follows the keys each sequence reads, which shapes cannot tell:
+    python/ffi/ffi_handlers.cpp), after the same query validated the call here. For a platform other than JAX's
+    default one (a branch of lax.platform_dependent that runs only if the user places the call there), an invalid
+    call is not raised at trace time: the library re-validates when that branch runs and raises the same message
+    then. ``options``: option fields of sinkattn_params_t (_Config.options(), plus num_splits for decode)."""
     try:
-        return _ffi.workspace_size(backward, platform, tensors, options)
+        size = _ffi.workspace_size(backward, platform, tensors, options)
     except _ffi.SinkattnError:
         if platform == _ffi.default_platform() or len(_ffi.platforms()) == 1:
             raise
         return 0
+    return 0 if platform == "cpu" else size
 
 
 def _call_on_platforms(fn, *args):
@@ -366,6 +371,13 @@ def _cu_seqlens_from_segments(seg):
     return jnp.concatenate([starts.astype(jnp.int32), jnp.array([b * t], jnp.int32)])
 
 
+# Library (sinkattn_params_t) names -> this function's arguments, for its error messages (sinkattn/_errors.py).
+_NAMES = dict(q="query", k="key", v="value", softmax_scale="scale", dropout_p="dropout_rate",
+              seqlens_q="query_seq_lengths", seqlens_kv="key_value_seq_lengths", seqused_kv="key_value_seq_lengths",
+              window_left="local_window_size", window_right="local_window_size")
+
+
+@with_argument_names(**_NAMES)
 def dot_product_attention(
     query,
     key,
@@ -422,7 +434,8 @@ def dot_product_attention(
       softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``; default ``"learnable"`` when sinks are
         given, else ``"vanilla"``. ``"learnable"`` without sinks is an error.
       scale: ``softmax_scale``, default ``1/sqrt(H)``.
-      is_causal: causal mask (``window_right = 0``).
+      is_causal: causal mask (``window_right = 0``); it caps a right bound of ``local_window_size`` at 0 (as
+        FlashAttention does: ``is_causal=True, local_window_size=(127, 5)`` is ``(127, 0)``).
       local_window_size: ``(left, right)`` or an int (symmetric): key j is visible to query i iff
         ``i + off - left <= j <= i + off + right`` (a negative bound is unbounded). GPT-OSS sliding window:
         ``(127, 0)``.
@@ -447,8 +460,9 @@ def dot_product_attention(
     Raises:
       sinkattn.jax.SinkattnError (a ValueError) with the library's message for invalid calls (checked at trace
       time through the library's shape-only workspace query: shapes, dtypes, h_q % h_kv, windows, p range,
-      missing sinks, unsupported head dims); data-dependent errors (e.g. non-monotonic cu_seqlens) are raised
-      by XLA at run time carrying the same message. TypeError for dtypes the library cannot describe.
+      missing sinks, unsupported head dims), naming the arguments as this function spells them (``query``,
+      ``key_value_seq_lengths``, ...); data-dependent errors (e.g. non-monotonic cu_seqlens) are raised by XLA at run
+      time carrying the library's message (its names). TypeError for dtypes the library cannot describe.
     """
     softmax_type, window_left, window_right = _resolve_options(softmax_type, sinks, mask_alignment, is_causal,
                                                                local_window_size)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._errors import with_argument_names
 from . import _ffi
 from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _ffi_call,
                         _float_inputs, _operands, _resolve_options, _sd, _sinks_operand, _workspace)
@@ -20,6 +21,8 @@ from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check,
 __all__ = ["decode_attention"]
 
 
+@with_argument_names(k="k_cache", v="v_cache", seqused_kv="cache_seqlens", seqlens_kv="cache_seqlens",
+                     softmax_scale="scale", window_left="local_window_size", window_right="local_window_size")
 def decode_attention(
     q,
     k_cache,
@@ -62,7 +65,7 @@ def decode_attention(
         ``seqlens_kv`` for a contiguous cache), new tokens included: FlashAttention's bottom-right alignment puts
         query row i at key position ``cache_seqlens[n] - T_n + i``.
       sinks, softmax_type, scale, is_causal, local_window_size, mask_alignment: as in ``dot_product_attention``
-        (GPT-OSS sliding layers: ``local_window_size=(127, 0)``).
+        (GPT-OSS sliding layers: ``local_window_size=(127, 0)``; ``is_causal`` caps the right bound at 0).
       cu_seqlens_q, max_seqlen_q: varlen queries (int32 ``[B + 1]``; static upper bound, default total_q). With a
         contiguous cache the cache is passed as a page pool of B pages (one per sequence).
       max_seqlen_kv: varlen only, static upper bound of ``cache_seqlens`` (default: the cache's capacity).

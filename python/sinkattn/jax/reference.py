@@ -154,10 +154,15 @@ def resolve_window(is_causal: bool, local_window_size) -> tuple[int, int]:
     """(window_left, window_right) of SPEC.md section 2 (-1 = unbounded) from jax.nn-style arguments."""
     left, right = -1, -1
     if local_window_size is not None:
-        if isinstance(local_window_size, (tuple, list)):
-            left, right = (int(x) for x in local_window_size)
+        w = local_window_size
+        is_int = lambda x: isinstance(x, (int, np.integer)) and not isinstance(x, bool)  # noqa: E731
+        if not (is_int(w) or (isinstance(w, (tuple, list)) and len(w) == 2 and all(is_int(x) for x in w))):
+            raise TypeError(f"sinkattn: local_window_size must be an int or a pair (left, right) of ints (a negative "
+                            f"bound is unbounded; GPT-OSS sliding layers: (127, 0)), got {type(w).__name__} {w!r}")
+        if isinstance(w, (tuple, list)):
+            left, right = (int(x) for x in w)
         else:
-            left = right = int(local_window_size)
+            left = right = int(w)
         left = -1 if left < 0 else left
         right = -1 if right < 0 else right
     if is_causal:

@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .._errors import argument_names
 from . import _ops
 
 __all__ = ["dot_product_attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
@@ -27,9 +28,14 @@ def _check(cond: bool, msg, exc=ValueError):
 
 def _window(causal: bool, window_size) -> tuple[int, int]:
     """(window_left, window_right) of SPEC.md section 2 from FlashAttention's arguments: window_size = (left, right),
-    inclusive, -1 (or None) unbounded; causal sets right = 0 (min(right, 0) when a right bound is given)."""
+    inclusive, -1 (or None) unbounded. ``causal`` sets the right bound to 0 whatever window_size says, as
+    FlashAttention does (``causal=True, window_size=(127, 5)`` is ``(127, 0)``)."""
     if window_size is None:
         window_size = (-1, -1)
+    _check(isinstance(window_size, (tuple, list)) and len(window_size) == 2
+           and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in window_size),
+           lambda: f"window_size must be a pair (left, right) of ints, -1 (or None) for unbounded, as FlashAttention "
+           f"takes it (GPT-OSS sliding layers: (127, 0)), got {type(window_size).__name__} {window_size!r}", TypeError)
     left, right = window_size
     left = -1 if left is None or left < 0 else int(left)
     right = -1 if right is None or right < 0 else int(right)
@@ -129,9 +135,11 @@ def dot_product_attention(
       softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``; default ``"learnable"`` with sinks, else
         ``"vanilla"``. Sinks are ignored (zero gradient) unless learnable.
       softmax_scale: default ``1/sqrt(d)``.
-      causal, window_size: FlashAttention's mask: ``window_size = (left, right)``, inclusive, -1 unbounded; key j is
-        visible to query i iff ``i + off - left <= j <= i + off + right``; causal is ``right = 0``. GPT-OSS sliding
-        layers: ``causal=True, window_size=(127, 0)``.
+      causal, window_size: FlashAttention's mask: ``window_size = (left, right)``, a pair of ints, inclusive, -1
+        unbounded; key j is visible to query i iff ``i + off - left <= j <= i + off + right``; causal is
+        ``right = 0``, and with ``causal=True`` the right bound is 0 whatever ``window_size`` gives (FlashAttention's
+        rule: ``causal=True, window_size=(127, 5)`` is ``(127, 0)``). GPT-OSS sliding layers: ``causal=True,
+        window_size=(127, 0)``.
       mask_alignment: ``"bottom_right"`` (FlashAttention's; ``off = len_kv - len_q`` per sequence) or
         ``"top_left"`` (``off = 0``).
       seqlens_q, seqlens_kv: int ``[b]`` actual lengths of a right-padded dense batch: rows ``i >= seqlens_q[n]`` are
@@ -229,6 +237,11 @@ def _sink_argument(learnable_sink, s_aux):
     return learnable_sink if learnable_sink is not None else s_aux
 
 
+def _sink_name(s_aux) -> str:
+    """The name the caller gave the sinks (FlashAttention's learnable_sink, or its alias s_aux), for messages."""
+    return "s_aux" if s_aux is not None else "learnable_sink"
+
+
 def _unsupported_fa_options(softcap, alibi_slopes):
     _check(not softcap, "softcap is not supported (SPEC.md has no logit soft-capping)")
     _check(alibi_slopes is None, "alibi_slopes are not supported; pass an ALiBi bias to "
@@ -257,8 +270,9 @@ def flash_attn_func(
     ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, d_v]`` (any strides, last dimension contiguous), float32, float16
     or bfloat16; ``h_q % h_kv == 0``.
 
-    - ``window_size = (left, right)``: inclusive, -1 unbounded; ``causal`` is ``right = 0``, aligned to the bottom
-      right when ``s_q != s_kv`` (FlashAttention 2.1+); ``softmax_scale`` defaults to ``1/sqrt(d)``.
+    - ``window_size = (left, right)``: a pair of ints, inclusive, -1 unbounded; ``causal`` is ``right = 0``, aligned
+      to the bottom right when ``s_q != s_kv`` (FlashAttention 2.1+), and sets the right bound to 0 whatever
+      ``window_size`` gives, as FlashAttention does; ``softmax_scale`` defaults to ``1/sqrt(d)``.
     - ``learnable_sink`` (alias ``s_aux``, the kernels-hub / vLLM name): ``[h_q]`` float32, bfloat16 or float16 sink
       logits (upcast inside; their gradient in their own dtype). Without it the softmax is vanilla.
     - ``dropout_p``: dropout of the attention probabilities (never the sink), Philox keyed by PyTorch's RNG
@@ -267,13 +281,14 @@ def flash_attn_func(
       ``return_attn_probs`` (the probabilities are never materialised: as in FlashAttention 3, the LSE stands in
       for them). ``softmax_lse`` float32 ``[b, h_q, s_q]``, natural log, includes the sink, differentiable.
     - ``softcap`` and ``alibi_slopes`` are not supported (ValueError, never silently ignored).
-    Errors: see ``dot_product_attention``.
+    Errors: see ``dot_product_attention``; messages name the arguments as this function spells them.
     """
     _unsupported_fa_options(softcap, alibi_slopes)
-    return dot_product_attention(
-        q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
-        window_size=window_size, dropout_p=dropout_p, generator=generator, deterministic=deterministic,
-        return_lse=bool(return_lse or return_attn_probs))
+    with argument_names(sinks=_sink_name(s_aux)):
+        return dot_product_attention(
+            q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, dropout_p=dropout_p, generator=generator, deterministic=deterministic,
+            return_lse=bool(return_lse or return_attn_probs))
 
 
 def flash_attn_varlen_func(
@@ -312,12 +327,14 @@ def flash_attn_varlen_func(
     ``torch.cuda.graph`` (inside, the check is skipped anyway).
     """
     _unsupported_fa_options(softcap, alibi_slopes)
-    return dot_product_attention(
-        q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
-        window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k, seqused_kv=seqused_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, dropout_p=dropout_p, generator=generator,
-        deterministic=deterministic, return_lse=bool(return_lse or return_attn_probs),
-        trust_device_batch_tensors=trust_device_batch_tensors)
+    with argument_names(sinks=_sink_name(s_aux), cu_seqlens_kv="cu_seqlens_k", seqused_kv="seqused_k",
+                        max_seqlen_kv="max_seqlen_k"):
+        return dot_product_attention(
+            q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k, seqused_kv=seqused_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, dropout_p=dropout_p, generator=generator,
+            deterministic=deterministic, return_lse=bool(return_lse or return_attn_probs),
+            trust_device_batch_tensors=trust_device_batch_tensors)
 
 def flash_attn_with_kvcache(
     q: torch.Tensor,
@@ -364,12 +381,26 @@ def flash_attn_with_kvcache(
       are split. ``num_splits``: key splits of the decode kernel (0: the library's heuristic, 1: none).
     - Returns ``out`` (q's shape with ``d_v``), or ``(out, softmax_lse)`` with ``return_softmax_lse`` (float32
       ``[b, h_q, s_q]`` or ``[h_q, total_q]``, natural log, including the sink).
+    - ``causal`` sets the right bound of ``window_size`` (a pair of ints) to 0, as FlashAttention does.
     - Not supported, refused with a ValueError (never ignored): appending ``k`` / ``v`` to the cache (write them
       into the cache and raise ``cache_seqlens`` first), rotary embedding, ``cache_batch_idx``, ``cache_leftpad``,
       ``softcap``, ``alibi_slopes``. No host synchronisation and no allocation beyond the outputs and the library's
       workspace (with ``trust_device_batch_tensors=True`` not even the check of the batch tensors): CUDA-graph
       capturable.
     """
+    with argument_names(q="q", k="k_cache", v="v_cache", sinks=_sink_name(s_aux), seqused_kv="cache_seqlens",
+                        seqlens_kv="cache_seqlens", page_table="page_table" if block_table is None else "block_table",
+                        max_seqlen_q="max_seqlen_q"):
+        return _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                        cache_batch_idx, cache_leftpad, page_table, softmax_scale, causal, window_size,
+                                        learnable_sink, softcap, alibi_slopes, num_splits, return_softmax_lse,
+                                        block_table, s_aux, cu_seqlens_q, max_seqlen_q, trust_device_batch_tensors)
+
+
+def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, page_table, softmax_scale, causal, window_size, learnable_sink, softcap,
+                             alibi_slopes, num_splits, return_softmax_lse, block_table, s_aux, cu_seqlens_q,
+                             max_seqlen_q, trust_device_batch_tensors):
     _unsupported_fa_options(softcap, alibi_slopes)
     _check(k is None and v is None, "appending k / v to the cache is not supported: write the new keys and values into "
            "k_cache / v_cache (their pages) and pass the increased cache_seqlens")

@@ -58,6 +58,7 @@ from typing import Optional
 
 import torch
 
+from .._errors import argument_names
 from .attention import dot_product_attention
 
 __all__ = ["NAME", "register", "attention_forward", "CP_NAME", "register_context_parallel", "cp_inputs"]
@@ -119,7 +120,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       sliding_window: Optional[int] = None, softcap: Optional[float] = None,
                       is_causal: Optional[bool] = None, s_aux: Optional[torch.Tensor] = None, **kwargs):
     """transformers' attention-interface function: query [b, h_q, s_q, d], key / value [b, h_kv, s_kv, d] (HF's
-    layout; read as strided [b, s, h, d] views without a copy) -> (out [b, s_q, h_q, d_v], None)."""
+    layout; read as strided [b, s, h, d] views without a copy) -> (out [b, s_q, h_q, d_v], None). Errors name the
+    arguments as transformers passes them (query, s_aux, ...)."""
+    with argument_names(q="query", k="key", v="value", sinks="s_aux", softmax_scale="scaling", dropout_p="dropout",
+                        window_size="sliding_window", bias="attention_mask"):
+        return _attention_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
+                                  is_causal, s_aux, **kwargs)
+
+
+def _attention_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
+                       is_causal, s_aux, **kwargs):
     if softcap is not None:
         raise ValueError("sinkattn: softcap is not supported (SPEC.md has no logit soft-capping)")
     b, s_q, s_kv = query.shape[0], query.shape[2], key.shape[2]

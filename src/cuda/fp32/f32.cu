@@ -24,28 +24,28 @@ bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0
 }  // namespace
 
 Status supports(const Call& c) {
-  if (c.dtype != SINKATTN_F32) return unsupported("cuda fp32 path: dtype is not fp32");
+  if (c.dtype != SINKATTN_F32) return unsupported("q: dtype is not fp32 (fp32 path)");
   if (c.memory != Memory::kDevice)
-    return unsupported("cuda backend: tensors are in host memory (the CUDA backend needs device memory)");
+    return unsupported("tensors are in host memory (the CUDA backend needs device memory)");
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
-    return unsupported("cuda backend: no CUDA device found");
+    return unsupported("no CUDA device found");
   }
   if (head_dim_tile(c.d, c.d_v) == 0)
-    return unsupported("cuda backend (fp32): head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
+    return unsupported("q: head dims d = " + std::to_string(c.d) + ", d_v = " + std::to_string(c.d_v) +
                        " not supported (any head dim up to 256)");
   if (c.b > 65535 || c.h_q > 65535)
-    return unsupported("cuda backend (fp32): b and h_q must be <= 65535 (grid dimensions), got b = " +
+    return unsupported("q: b and h_q must be <= 65535 (grid dimensions), got b = " +
                        std::to_string(c.b) + ", h_q = " + std::to_string(c.h_q));
   if (c.s_q > (int64_t(1) << 31) - kThreads || c.s_kv > (int64_t(1) << 31) - kThreads)
-    return unsupported("cuda backend (fp32): sequence lengths above 2^31 - 128 are not supported");
+    return unsupported("max_seqlen_q / max_seqlen_kv: sequence lengths above 2^31 - 128 are not supported");
   if (c.plan.bias == Use::kRequired && c.bias_dtype != SINKATTN_F32)
-    return unsupported("cuda backend (fp32): bias must be fp32");
+    return unsupported("bias: dtype must be fp32 on the fp32 path");
   if (c.pass == Pass::kBackward && c.plan.d_bias == Use::kRequired && bias_broadcasts(c) &&
       static_cast<double>(c.b) * c.h_q * c.s_q * c.s_kv * 4.0 > 64.0 * (1ull << 30))
     return unsupported(
-        "cuda backend (fp32): a broadcast d_bias needs an fp32 workspace of b*h_q*s_q*s_kv floats, over 64 GiB here");
+        "d_bias: broadcast, it needs an fp32 workspace of b*h_q*s_q*s_kv floats, over 64 GiB here");
   // fp32 elements are read one at a time: any strides, 4-byte aligned pointers.
   const sinkattn_params_t& p = *c.p;
   if (p.q.data != nullptr) {  // not a shape-only query
@@ -55,7 +55,7 @@ Status supports(const Call& c) {
         {"d_bias", &p.d_bias}};
     for (const auto& [name, t] : ts)
       if (t->rank > 0 && t->data != nullptr && !aligned4(t->data))
-        return unsupported(std::string("cuda backend (fp32): ") + name + ": data pointer must be 4-byte aligned");
+        return unsupported(std::string(name) + ": data pointer must be 4-byte aligned");
   }
   return Status::ok();
 }

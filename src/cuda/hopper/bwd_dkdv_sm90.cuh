@@ -9,6 +9,10 @@
 //   P^T = exp2(S^T * scale * log2(e) - LSE2), dS^T = P^T (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (GQA group summed in registers, fixed order),
 //   dQ += dS K (fp32 TMA reduce-adds, or atomics)
+// The parts: the prologue (the block's tile and keys, its K / V loads) bwd_sm90_prologue.cuh; the products of a step
+// bwd_sm90_products.cuh; the dq adds and the deterministic turns bwd_sm90_dq.cuh; the staged bias tiles
+// bias_staging.cuh; the keep producer keep_producers.cuh; dK / dV bwd_sm90_epilogue.cuh. This file: the traits, the
+// shared-memory layout (DkvSm90Smem), the loads of a step (DkvSm90Loads) and the kernel, which runs the steps.
 // Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), BM query rows per step:
 // 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; dQ then split by rows:
 // DkvSm90Traits::kDqSplitRows). The text below describes BM = 64; at 128 the S^T / dP^T products are m64n128, the
@@ -17,19 +21,26 @@
 // the softmax part in registers (the accumulator layout is the mma.sync C layout, so mask.cuh / scores.cuh work
 // unchanged); dV and dK as m64nHDk16 chains with A = P^T, dS^T from registers and B = dO, Q read MN-major; dS^T
 // staged in shared memory; dQ (64 x HD) split by columns between the warpgroups, A = dS (MN-major), B = K (MN-major).
+// A warpgroup whose keys see no query of the step skips the softmax part (exact: P = dS = 0 there) and writes zeros
+// to its rows of sdS; its dK product is issued all the same, with dS^T = 0 (a wgmma under a branch the compiler
+// cannot prove uniform is serialised).
 // K, V (loaded once, cp.async) and the staged dS^T are in the 128-byte-swizzled row-panel layout too: dS^T's stores
 // are conflict-free (a warp's 8 rows x 4 column pairs hit 32 distinct banks); K as dQ's MN-major B operand starts
 // at column n0 (at head dim 64, 64 bytes into the swizzle atom: the hardware swizzles the absolute address).
-// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01 second session):
+// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01, H200, 25b4f5e):
 // within 1% (not the reason for the kernel's speed); kept so that every tile of the kernel has one layout.
 // Q, dO are double-buffered in the 128-byte-swizzled row-panel layout (sm90_common.cuh): a query block with all
 // 64 rows valid is loaded by TMA (2 * HD / 64 boxes of 64 columns x 64 rows, one thread, completion on an mbarrier
 // per buffer) when the launcher could describe q and d_out as tensor maps (Sm90Tma::ok); other blocks (the last,
 // partial block of a sequence: TMA would read the next sequence's or padding rows instead of zeros) through
 // cp.async. LSE2, D: loads to registers, stored to shared memory one step later.
-// Order of a step (each product its own wgmma commit group; bench/RESULTS.md has the measurements):
+// Order of a step (each product its own wgmma commit group, so that register work overlaps the tensor cores;
+// bench/RESULTS.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
+// The steps' order (StepOrder): query-block-major with a bias also without kDet, so that the heads of a group read
+// one bias tile in consecutive steps (head-major, the non-deterministic bias backward took 12.2 ms against 7.0 ms
+// deterministic at GPT-OSS full; ncu, bench/RESULTS.md 2026-12-01, H200, 299693c).
 // dQ adds: a full query block's 64 x HD fp32 tile is stored to sdQ (two buffers, the swizzled image of
 // the ws_dq tensor map's 32-column boxes: conflict-free float2 stores) and added to ws_dq by TMA reduce-adds that
 // thread 0 issues after the next barrier (the reduce unit does the adds; before this, 2 * HD / 8 float2 atomics per
@@ -38,47 +49,46 @@
 // block without a dq tensor map (SINKATTN_CUDA_NO_TMA=1, fewer rows than a block), add with per-thread atomics.
 // kDet: the block's tile comes from a ticket (the launch order of its key blocks), steps run query-block-major and
 // descending, a step that opens a turn (every step, or with a bias the first step of a query block: DqTurns,
-// dq_turn_per_step) reads its counter early and, before its dQ adds, waits for its turn while dQ and dK run (thread 0
-// alone when the block's tiles go by TMA reduce-add, which thread 0 issues; else one lane per warp), and the step
-// after the turn's last one releases it (thread 0, once the reduce-adds have completed, while that step's dQ and dK
-// run; the thread issues no loads in this variant, kLoader). Releasing later (one more step, or by warp 7 after the
-// next barrier) measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03 twelfth
-// session). Why these turns: dq_order.hpp.
+// dq_turn_per_step) reads its counter early (its latency hides behind S, dP and dV) and, before its dQ adds, waits
+// for its turn while dQ and dK run (thread 0 alone when the block's tiles go by TMA reduce-add, which thread 0
+// issues; else lane 0 of every warp, each adding its own elements), and the step after the turn's last one releases
+// it (thread 0, once the reduce-adds have completed, while that step's dQ and dK run: before the barrier that
+// precedes them, this wait and the release's fence (MEMBAR.GPU) stalled warp 0 and with it the block;
+// bench/RESULTS.md, 2026-12-01, H200, 193dd4b). Releasing later (one more step, or by warp 7 after the next barrier)
+// measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03, H200, dfffab6). A release is
+// a MEMBAR.GPU, which waits for every memory operation of the thread in flight, so thread 0 issues no loads in this
+// variant: threads 64 .. 127 load the rows' LSE2 / D and lane 0 of warp 1 (kLoader) issues the TMA loads and stages
+// the bias tiles (with thread 0 issuing them, the release waited for the next step's tiles: 0.24 ms of the
+// deterministic backward at the MHA layer, det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03, H200, dfffab6). Why
+// these turns: dq_order.hpp.
+// Programmatic dependent launch (KernelChoice::pdl): the dq convert after this kernel may start once every block of
+// it has started; and this kernel may have started before the preprocess ended: the math threads wait for it in
+// pdl_wait, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes); a block past its
+// sequence's keys waits before it exits (varlen with no keys: else every block could exit first). The ticket counter
+// and the turns' semaphores were zeroed before the preprocess was launched (cuda_backend.cu).
 #pragma once
-
-#include <type_traits>
 
 #include <cuda.h>
 
 #include "cuda/bwd_rows.cuh"
-#include "cuda/dropout.cuh"
-#include "cuda/epilogue.cuh"
-#include "cuda/hopper/sm90_common.cuh"
 #include "cuda/dq_order.hpp"
-#include "cuda/hopper/wgmma_ops.cuh"
+#include "cuda/dropout.cuh"
+#include "cuda/hopper/bias_staging.cuh"
+#include "cuda/hopper/bwd_sm90_dq.cuh"
+#include "cuda/hopper/bwd_sm90_epilogue.cuh"
+#include "cuda/hopper/bwd_sm90_products.cuh"
+#include "cuda/hopper/bwd_sm90_prologue.cuh"
+#include "cuda/hopper/keep_producers.cuh"
+#include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/prologue.cuh"
-#include "cuda/scheduler.cuh"
 #include "cuda/scores.cuh"
 
 namespace sinkattn::cuda::sm90 {
 
-// Tensor maps of q and d_out for the kernel's TMA loads (built by the launcher, launch.cuh): 4-d (d, rows, h_q, b)
-// of 16-bit elements, box 64 x 64 x 1 x 1, 128-byte swizzle; dense: rows = s_q, b = p.b; varlen: rows = total
-// rows, b = 1. ok = 0: none (the kernel then loads every block through cp.async).
-// dq: the fp32 accumulator p.ws_dq as a 3-d map (d, rows_total_q, h_q), box 32 x 64 x 1, 128-byte swizzle, for the
-// TMA reduce-adds of the fused dq (both modes); dq_ok = 0: none (per-thread atomics instead).
-// bias: kBias (KernelChoice::dkdv_bias_tma), the bias as a 4-d map (s_kv, s_q, bias heads, bias batches), box 64 keys
-// x 64 queries: at head dim 64 each step's bias tile is staged with its Q / dO on the same mbarrier (two buffers);
-// at 128 into one buffer, a step ahead, on its own mbarrier (bias_bar); bias_ok = 0: none (bias^T loaded by each
-// thread from global memory).
-struct Sm90Tma {
-  CUtensorMap q, d_out, dq, bias;
-  int ok, dq_ok, bias_ok;
-};
-
 template <int HD, bool kBias_ = false, bool kDropout_ = false, int BM_ = 64>
 struct DkvSm90Traits {
+  static constexpr int kHeadDim = HD;
   static constexpr int kConsumers = 256;  // the 2 warpgroups of the math (64 keys each)
   // kDropout at head dim 64: a third warpgroup, the keep producer (keep_producer: Philox blocks into sKeep), with
   // kKeepRegs registers, the math warpgroups kConsumerRegs (setmaxnreg, within the block's launch allocation of
@@ -103,13 +113,8 @@ struct DkvSm90Traits {
   // At 128 rows P^T and dS^T stay in registers as at 64 (A operands of dV and dK): 255 registers and 140 bytes of
   // spill stores (ptxas -v). Staging P^T in shared memory for dV and reading dS^T from sdS for dK (84 bytes of
   // spills) measured slower on the H200: GPT-OSS full backward 2.10-2.12 ms against 1.93-1.94 (bench/RESULTS.md,
-  // 2026-12-03 fifteenth session).
-  // sK, sV [BN][HD]; sQ, sdO [2][BM][HD]; sdS [BN][BM] (all 128-byte-swizzled row panels), 2 bytes each; sdQ
-  // [2][BM][HD] fp32 (the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
-  // boxes); kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels); LSE2, D
-  // [2][BM] fp32; kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its 4
-  // mbarriers (KeepBars); 3 mbarriers (8 bytes each: the TMA loads of the two buffers, and the bias tile of kBias at
-  // head dim 128) and kDet's ticket (32 bytes in all); room to align the base to 1024 bytes (the swizzled tiles).
+  // 2026-12-03, 09990b7).
+  // The shared memory (DkvSm90Smem has the layout): the sizes.
   // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
   // compiler pads every one of these kernels' static shared memory to 1024 bytes (cuobjdump -res-usage: SHARED
   // 1024), the dynamic part starts 1024-aligned, and the kernel traps if it does not (227 KiB is the most a block
@@ -128,168 +133,124 @@ struct DkvSm90Traits {
   static constexpr int kSmemDbiasSum = kSmem + kConsumers * (kBlockM / 2) * 4;
 };
 
-// The keep producer's variant: named barrier 1 synchronises the math warpgroups alone (256 threads, their step
-// barriers; 0 is __syncthreads). The keep buffers are handed over on mbarriers after sKeep (KeepBars): full[b]
-// (128 arrivals, one per producer thread, after its stores) and empty[b] (256, one per math thread, after its
-// loads; a warpgroup without work in the step arrives without waiting for full[b]: the math warpgroups' step
-// barrier keeps it from arriving for a later step first). Named barriers (bar.arrive / bar.sync) did the same
-// handover; racecheck reported hazards on sKeep under them (bench/RESULTS.md, 2026-12-02 tenth session).
-constexpr int kBarMath = 1;
-struct KeepBars {
-  uint64_t full[2], empty[2];
-};
-
-// Semaphores of the deterministic dq (dq_order.hpp), in global memory. load_turn: the counter, with acquire semantics
-// (LDG.STRONG + L1 invalidate on sm_90: it does not stall the thread, so it is issued early in the step and its
-// value checked later). wait_turn: from the value `seen` of such a load, loads again until the counter reaches
-// `turn`; the adds of the earlier turns are then visible to the thread (and, through the caller's __syncwarp, to
-// its warp), and a proxy fence orders the TMA reduce-adds the thread issues afterwards after that acquire.
-// release_turn: a proxy fence (the block's completed TMA reduce-adds, bulk_wait, before what follows), then adds 1
-// with release semantics, after the caller's barrier (every atomic add of the block before it).
-__device__ __forceinline__ unsigned load_turn(const unsigned* sem) {
-  unsigned v = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
-#endif
-  return v;
-}
-__device__ __forceinline__ void wait_turn(const unsigned* sem, unsigned turn, unsigned seen) {
-  while (seen < turn) {
-    __nanosleep(32);
-    seen = load_turn(sem);
+// The shared memory of bwd_dkdv_sm90_kernel, in this order from a base aligned to 1024 bytes (the swizzled tiles;
+// DkvSm90Traits has the sizes):
+//   sK, sV [BN][HD]; sQ, sdO [2][BM][HD] (the step's buffers); sdS [BN][BM] (dS^T: rows = keys, cols = queries), all
+//     16-bit in the 128-byte-swizzled row panels, each 1024-byte aligned (BN * HD * 2 bytes per tile);
+//   sdQ [2][BM][HD] fp32: the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
+//     boxes (1024-byte aligned);
+//   kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels, 1024-byte aligned);
+//   sL, sD [2][BM] fp32: LSE2 and D - d_lse of the step's rows;
+//   kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its 4 mbarriers
+//     (keep_bars);
+//   bars [2] (the TMA loads of the two buffers), bias_bar (kBias at head dim 128: the bias tile's TMA load), kDet's
+//     ticket: 32 bytes;
+//   kBias summing a KV group's heads: sDb [NT * 4][256] fp32 (DkvSm90Traits::kSmemDbiasSum).
+template <typename T, typename Tr>
+struct DkvSm90Smem {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
+  T *sK, *sV, *sQ, *sdO, *sdS;
+  float* sdQ;
+  T* sB;
+  float *sL, *sD;
+  uint64_t* sKeep;
+  KeepBars* keep_bars;
+  uint64_t *bars, *bias_bar;
+  unsigned* ticket;
+  float* sDb;
+  __device__ __forceinline__ explicit DkvSm90Smem(unsigned char* smem_raw) {
+    sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sV = sK + BN * HD;
+    sQ = sV + BN * HD;
+    sdO = sQ + 2 * BM * HD;
+    sdS = sdO + 2 * BM * HD;
+    sdQ = reinterpret_cast<float*>(sdS + BN * BM);
+    sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);
+    sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);
+    sD = sL + 2 * BM;
+    sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);
+    keep_bars = reinterpret_cast<KeepBars*>(sKeep + 2 * BN);
+    bars = sKeep + (Tr::kKeepProducer ? 2 * BN + 4 : 0);
+    bias_bar = bars + 2;
+    ticket = reinterpret_cast<unsigned*>(bars + 3);
+    sDb = reinterpret_cast<float*>(bars + 4);
   }
-  fence_proxy_async_global();
-}
-__device__ __forceinline__ void release_turn(unsigned* sem) {
-  fence_proxy_async_global();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
-#endif
-}
-
-// The prologue of both Hopper dK dV kernels (this file's and bwd_dkdv_sm90_wide.cuh's). dkdv_tile: the block's tile,
-// under kDet the tile of a ticket taken in launch order (every block it will wait for then holds a smaller one:
-// dq_order.hpp; `ticket` is a shared word), else longest first. DkvBlock: its key tile, the mask of its sequence and
-// the query blocks qb_lo .. qb_lo + nq - 1 of BM rows that see its keys (a block past its sequence's keys has none;
-// the kernels then wait in pdl_wait and return, so that the dq convert's wait for the grid implies the
-// preprocess's completion), and the steps of the deterministic dq's turns (kDet; dq_order.hpp): open_turn,
-// pass_turn, release_last_turn.
-template <bool kDet>
-__device__ __forceinline__ TileCoord dkdv_tile(const Params& p, unsigned* ticket, int tid) {
-  if constexpr (kDet) {
-    if (tid == 0) *ticket = atomicAdd(p.ws_dq_sem, 1u);
-    __syncthreads();
-    return tile_of_linear(*ticket, tile_pairs(gridDim.y, gridDim.z), gridDim.x, gridDim.y, false);
-  } else {
-    (void)p;
-    (void)ticket;
-    (void)tid;
-    return scheduled_tile(false);
-  }
-}
-template <int BM, int BN>
-struct DkvBlock {
-  KeyTile<BN> kt;
-  Mask mk;
-  int qb_lo = 0, nq = 0;
-  __device__ __forceinline__ DkvBlock(const Params& p, const TileCoord& tc) : kt(p, tc), mk(p, kt.sq) {
-    kt.template query_blocks<BM>(mk, qb_lo, nq);
-  }
-  // The semaphore of the turn (DqTurns) of step (query head ih of the group, query block qb_lo + iq); nullptr when
-  // the block is >= n_qb, which only batch tensors that break the max_seqlen_q contract give (unvalidated under graph
-  // capture; no counter outside the workspace is touched then, and such a call's dq is unspecified anyway).
-  template <typename Turns>
-  __device__ __forceinline__ unsigned* dq_sem(const Params& p, int ih, int iq) const {
-    const int n_qb = (p.s_q + BM - 1) / BM, qb = qb_lo + iq;
-    return qb < n_qb ? p.ws_dq_sem + dq_sem_index(kt.n, Turns::head(kt.hk, p.group, ih), p.h_q, n_qb, qb) : nullptr;
-  }
-  // A thread that will wait for the turn of step (ih, iq): its semaphore, and the counter read early into `seen`
-  // (its latency hides behind the step's first products); nullptr: no semaphore (dq_sem).
-  template <typename Turns>
-  __device__ __forceinline__ const unsigned* open_turn(const Params& p, int ih, int iq, unsigned& seen) const {
-    const unsigned* sem = dq_sem<Turns>(p, ih, iq);
-    if (sem != nullptr) seen = load_turn(sem);
-    return sem;
-  }
-  // While step `it` (ih, iq) runs its dQ and dK products: a step that opens a turn closes the previous one (thread
-  // 0, once its own reduce-adds of it have completed: bulk_wait; every thread's atomics of it preceded this step's
-  // barriers), then the threads that wait (`waits`, with open_turn's `sem` and `seen`) wait for this block's turn
-  // (tile `block`, the key block's position in the query block's order) before the step's adds; __syncwarp passes
-  // the wait on to their warps.
-  template <typename Turns>
-  __device__ __forceinline__ void pass_turn(const Params& p, int block, int tid, int it, int ih, int iq, bool waits,
-                                            const unsigned* sem, unsigned seen) const {
-    if (tid == 0 && it > 0 && Turns::opens(ih)) {
-      int ih_prev = ih, iq_prev = iq;
-      Turns::previous(p.group, ih_prev, iq_prev);
-      unsigned* prev = dq_sem<Turns>(p, ih_prev, iq_prev);
-      bulk_wait<0>();
-      if (prev != nullptr) release_turn(prev);
+  // Thread 0, before the block's first barrier.
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+    mbar_init(bias_bar, 1);
+    if constexpr (Tr::kKeepProducer) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&keep_bars->full[b], Tr::kThreads - Tr::kConsumers);
+        mbar_init(&keep_bars->empty[b], Tr::kConsumers);
+      }
     }
-    if (waits && sem != nullptr) wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(mk, block, qb_lo + iq)), seen);
-    __syncwarp();
-  }
-  // After the steps and a barrier that follows every thread's adds (and thread 0's completed reduce-adds): thread 0
-  // releases the block's last turn.
-  template <typename Turns>
-  __device__ __forceinline__ void release_last_turn(const Params& p, int tid) const {
-    int ih_last, iq_last;
-    Turns::last(p.group, ih_last, iq_last);
-    unsigned* last = dq_sem<Turns>(p, ih_last, iq_last);
-    if (tid == 0 && last != nullptr) release_turn(last);
   }
 };
 
-// kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
-// warpgroups' order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c:
-// key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
-// keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
-// kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
-// bench/RESULTS.md, 2026-12-02 tenth session: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
-// warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per scheduler, both
-// in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4 blocks in
-// flight per thread measured as fast as 8 and faster than 16.
-template <int BM, int BN, typename Order, typename KeyTileT>
-__device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
-                                              uint64_t* sKeep, KeepBars* kb, int rt) {
-  static_assert(BM == 64 && BN == 128, "128 threads x (4 keys x 16 queries)");
-  constexpr int kIlp = 4;
-  const int m = rt >> 2, q = rt & 3;
-  const int jq = kt.j0 + 4 * m;  // this thread's first key
-  int vlo = 0, vhi = 0;          // queries that see a key of the quad
-  if (jq < mk.len_kv) mk.query_range(jq, min(jq + 4, mk.len_kv), vlo, vhi);
-  uint16_t* keep16 = reinterpret_cast<uint16_t*>(sKeep);
-  const int iters = nq * p.group;
-  int ih, iq;
-  Order::first(nq, p.group, ih, iq);
-  for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1;
-    if (it >= 2) mbar_wait(&kb->empty[buf], ((it >> 1) - 1) & 1);  // the math threads' loads of step it - 2
-    const Dropout dr(p, kt.n, kt.hk * p.group + ih);
-    const int ib = (qb_lo + iq) * BM + 16 * q;
-    uint32_t rows[4] = {0u, 0u, 0u, 0u};  // bit c: query ib + c, key jq + k
-    auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per step
-#pragma unroll 1
-      for (int c0 = 0; c0 < 16; c0 += kIlp) {
-        if (ib + c0 + kIlp > vlo && ib + c0 < vhi) {
-          uint32_t kq[kIlp];
+// The loads of step (query head ih of the group, query block qb_lo + iq) into buffer buf. Q and dO by TMA where all
+// BM rows of the block lie in the sequence (tma_block: a function of the block alone, so the issuing step and the
+// consuming step agree on it, and every thread does): thread kLoader arms bars[buf] with the bytes of every box of
+// the step (Q, dO and, with two bias buffers, the bias tile); else by cp.async (every math thread; rows past len_q
+// zero-filled). The rows' LSE2 / D into registers (pf; stored to sL / sD one step later). kBias: the bias tile staged
+// by TMA (bias_smem; bias_staging.cuh): two buffers (head dim 64), with the step's Q / dO on bars[buf]; one (128),
+// on bias_bar (bias_one), issued after the barrier that follows every thread's reads of the previous step's tile.
+template <typename T, typename Tr, int kLoader, typename TmaBlock>
+struct DkvSm90Loads {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
+  // The kernel's state, by reference.
+  const int& hk;
+  const int& j0;
+  const TmaBlock& tma_block;
+  const Params& p;
+  const int& qb_lo;
+  const bool& bias_smem;
+  const int& tid;
+  const DkvSm90Smem<T, Tr>& sm;
+  const SeqInfo& sq;
+  const int& n;
+  const Sm90Tma& tma;
+  const KeyTile<BN>& kt;
+  RowStatsPrefetch<BM>& pf;
+  const int& pf_tid;
+
+  __device__ __forceinline__ void operator()(int buf, int ih, int iq) const {
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    const bool bias_here = Tr::kBiasBufs == 2 && bias_smem;
+    const uint32_t bias_bytes = bias_here ? Tr::kBiasTile * sizeof(T) : 0u;
+    if (tma_block(i0)) {
+      if (tid == kLoader) {
+        mbar_arrive_expect_tx(&sm.bars[buf], 2 * BM * HD * sizeof(T) + bias_bytes);
+        const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
-          for (int c = 0; c < kIlp; ++c)
-            kq[c] = dr.template keep_key_quad<decltype(aligned)::value>(ib + c0 + c, jq, p.s_kv);
-#pragma unroll
-          for (int c = 0; c < kIlp; ++c)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) rows[k] |= ((kq[c] >> k) & 1u) << (c0 + c);
+        for (int c = 0; c < HD / 64; ++c) {
+          tma_load_4d(sm.sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(sm.sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
         }
       }
-    };
-    Dropout::by_key_alignment(p.s_kv, draw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) keep16[(buf * BN + 4 * m + k) * 4 + q] = static_cast<uint16_t>(rows[k]);
-    mbar_arrive(&kb->full[buf]);
-    Order::next(nq, p.group, ih, iq);
+    } else {
+      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
+      load_tile_sw<BM, HD, Tr::kConsumers>(sm.sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kConsumers>(sm.sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      if (bias_here && tid == kLoader) mbar_arrive_expect_tx(&sm.bars[buf], bias_bytes);
+    }
+    if (bias_here && tid == kLoader) issue_bias(buf, h, i0, &sm.bars[buf]);
+    pf.load(p, sq, n, h, i0, pf_tid);
   }
-}
+  // The bias tile of query head h, queries i0 .. into buffer buf, completing on bar (thread kLoader; the caller arms
+  // bar).
+  __device__ __forceinline__ void issue_bias(int buf, int h, int i0, uint64_t* bar) const {
+    load_bias_tile<BM, BN>(sm.sB, buf, tma.bias, p, n, h, i0, j0, bar);
+  }
+  // One bias buffer: step (ih, iq)'s tile on bias_bar (thread kLoader).
+  __device__ __forceinline__ void bias_one(int ih, int iq) const {
+    mbar_arrive_expect_tx(sm.bias_bar, Tr::kBiasTile * sizeof(T));
+    issue_bias(0, hk * p.group + ih, (qb_lo + iq) * BM, sm.bias_bar);
+  }
+};
 
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits the producer warpgroup (keep_producer, head dim 64) drew into sKeep, read after the S^T /
@@ -306,40 +267,18 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   using Tr = DkvSm90Traits<HD, kBias, kDropout, BM_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  T* sV = sK + BN * HD;
-  T* sQ = sV + BN * HD;       // [2][BM * HD], swizzled row panels (1024-byte aligned: BN * HD * 2 bytes per tile)
-  T* sdO = sQ + 2 * BM * HD;  // [2][BM * HD], swizzled row panels
-  T* sdS = sdO + 2 * BM * HD; // [BN * BM]: dS^T, rows = keys, cols = queries
-  float* sdQ = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM * HD] fp32 (1024-byte aligned)
-  T* sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);      // kBias: [kBiasBufs][BM * BN] (1024-byte aligned)
-  float* sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);  // [2][BM] LSE2
-  float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
-  uint64_t* sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // kKeepProducer: [2][BN] keep bits
-  KeepBars* keep_bars = reinterpret_cast<KeepBars*>(sKeep + 2 * BN);  // kKeepProducer
-  uint64_t* bars = sKeep + (Tr::kKeepProducer ? 2 * BN + 4 : 0);     // [2]: TMA completion per buffer
-  uint64_t* bias_bar = bars + 2;                     // kBias, one bias buffer: its TMA completion
-  unsigned* ticket = reinterpret_cast<unsigned*>(bars + 3);  // kDet
-  float* sDb = reinterpret_cast<float*>(bars + 4);  // kBias, group sum: [NT * 4][256] (kSmemDbiasSum)
+  const DkvSm90Smem<T, Tr> sm(smem_raw);
   if constexpr (Tr::kSlack == 0) {
-    if ((smem_addr(smem_raw) & 1023) != 0) __trap();
+    if ((smem_addr(smem_raw) & 1023) != 0) __trap();  // (DkvSm90Traits: no slack for the alignment)
   }
-  // kBias: each step's bias tile staged by TMA (uniform over the launch). Two buffers (head dim 64): with the step's
-  // Q / dO, on bars[buf]. One (128): on bias_bar, the next step's tile issued by thread 0 after the barrier that
-  // follows every thread's reads of this step's (the one before dQ), so it loads while dQ and dK run.
-  const bool bias_smem = kBias && tma.bias_ok != 0;
+  const bool bias_smem = kBias && tma.bias_ok != 0;  // kBias: the bias tiles staged by TMA (uniform over the launch)
   constexpr bool kBiasOneBuf = Tr::kBiasBufs == 1;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int g = lane >> 2, t = lane & 3;
-  // Programmatic dependent launch (KernelChoice::pdl): the dq convert after this kernel may start once every block
-  // of it has started; and this kernel may have started before the preprocess ended: the math threads wait for it
-  // in pdl_wait below, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes); a block past
-  // its sequence's keys waits before it exits (varlen with no keys: else every block could exit first). The ticket
-  // counter and the turns' semaphores were zeroed before the preprocess was launched (cuda_backend.cu).
-  pdl_launch_dependents();
-  const TileCoord tc = dkdv_tile<kDet>(p, ticket, tid);
+  pdl_launch_dependents();  // (programmatic dependent launch: the header above)
+  const TileCoord tc = dkdv_tile<kDet>(p, sm.ticket, tid);
   const DkvBlock<BM, BN> blk(p, tc);
   if (blk.kt.outside()) {
     pdl_wait();
@@ -349,51 +288,26 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const Mask& mk = blk.mk;
   const SeqInfo& sq = kt.sq;
   const int hk = kt.hk, n = kt.n, j0 = kt.j0, qb_lo = blk.qb_lo, nq = blk.nq, iters = nq * p.group;
-  // (query head of the group, query block) of each step. kBias: query-block-major (the order of kDet) also without
-  // kDet, so the heads of a group read one bias tile in consecutive steps: head-major, the non-deterministic bias
-  // backward took 12.2 ms against 7.0 ms deterministic at GPT-OSS full (ncu, bench/RESULTS.md 2026-12-01, fifth
-  // session).
-  using Order = StepOrder<kDet || kBias>;
+  using Order = StepOrder<kDet || kBias>;  // (query head of the group, query block) of each step
   using Turns = DqTurns<dq_turn_per_step(kBias)>;  // kDet
 
-  // Blocks loaded by TMA: all BM rows inside the sequence (a function of the block alone, so the issuing step and
-  // the consuming step agree on it, and every thread does). A step waits for its buffer's mbarrier when it has such a
-  // block or a staged bias tile.
+  // A full query block's dq tile by TMA reduce-adds, issued by thread 0 after the next barrier (bwd_sm90_dq.cuh).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
   auto tma_step = [&](int i0) { return tma_block(i0) || (bias_smem && !kBiasOneBuf); };
-  // The same for the dq adds: a full block's tile goes to sdQ and, after the next barrier, to ws_dq by TMA
-  // reduce-adds issued by thread 0 (pending: that step's buffer, head and first ws_dq row); a partial block adds
-  // with atomics (a box would add to the next sequence's rows).
   auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
-  bool pending = false;
+  bool pending = false;  // a staged tile whose reduce-adds are still to be issued: its buffer, head, first ws_dq row
   int pending_buf = 0, pending_h = 0, pending_row = 0;
-  auto issue_dq = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the pending step
-#pragma unroll
-    for (int bx = 0; bx < HD / 32; ++bx)
-      if (bx * 32 < p.d)
-        tma_reduce_add_3d(&tma.dq, sdQ + pending_buf * BM * HD + bx * BM * 32, bx * 32, pending_row, pending_h);
-    bulk_commit();
+  auto add_pending = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the pending step
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.sdQ + pending_buf * BM * HD + bx * BM * 32; }, p.d,
+                      pending_row, pending_h);
   };
-  if (tid == 0) {
-    mbar_init(&bars[0], 1);
-    mbar_init(&bars[1], 1);
-    mbar_init(bias_bar, 1);
-    if constexpr (Tr::kKeepProducer) {
-      for (int b = 0; b < 2; ++b) {
-        mbar_init(&keep_bars->full[b], Tr::kThreads - Tr::kConsumers);
-        mbar_init(&keep_bars->empty[b], Tr::kConsumers);
-      }
-    }
-  }
+  if (tid == 0) sm.init_barriers();
   __syncthreads();
-  // kKeepProducer: the third warpgroup draws the keep bits of every step into sKeep, up to two steps ahead of the
-  // math warpgroups, and leaves; those then synchronise among themselves on named barrier kBarMath. K and V are
-  // loaded by the math warpgroups alone (their cp.async groups are waited for in the step loop).
   constexpr bool kProducer = Tr::kKeepProducer;
-  if constexpr (kProducer) {
+  if constexpr (kProducer) {  // warpgroup 2: the keep producer (keep_producers.cuh); it leaves when done
     if (wg == 2) {
       setmaxnreg_dec<Tr::kKeepRegs>();
-      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sKeep, keep_bars, tid - Tr::kConsumers);
+      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sm.sKeep, sm.keep_bars, tid - Tr::kConsumers);
       return;
     }
     setmaxnreg_inc<Tr::kConsumerRegs>();
@@ -402,356 +316,153 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     if constexpr (kProducer) named_bar_sync(kBarMath, Tr::kConsumers);
     else __syncthreads();
   };
-  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
-  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
-  load_tile_sw<BN, HD, Tr::kConsumers>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
-  load_tile_sw<BN, HD, Tr::kConsumers>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  load_kv_sw<HD, Tr::kConsumers>(sm.sK, sm.sV, kt, p, tid);  // K, V of the block, once (cp.async)
   pdl_wait();  // the preprocess's ws_lse2 / ws_dp / zeroed ws_dq (K and V loads are already under way)
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
-
-  // The bias tile of query head h, queries i0 .., keys j0 .. (zeros outside the tensor) into buffer buf, completing
-  // on bar (thread 0; the caller arms bar).
-  auto issue_bias = [&](int buf, int h, int i0, uint64_t* bar) {
-#pragma unroll
-    for (int c = 0; c < BN / 64; ++c)
-      tma_load_4d(sB + buf * Tr::kBiasTile + c * BM * 64, &tma.bias, j0 + c * 64, i0, p.bias_shape_h == 1 ? 0 : h,
-                  p.bias_shape_b == 1 ? 0 : n, bar);
-  };
-  auto issue_bias_one = [&](int ih, int iq) {  // one buffer: step (ih, iq)'s tile on bias_bar
-    mbar_arrive_expect_tx(bias_bar, Tr::kBiasTile * sizeof(T));
-    issue_bias(0, hk * p.group + ih, (qb_lo + iq) * BM, bias_bar);
-  };
   RowStatsPrefetch<BM> pf;
-  // kDet: thread 0 releases the turns, and a release is a MEMBAR.GPU, which waits for every memory operation the
-  // thread has in flight. So threads 64 .. 127 (pf_tid < BM) load the rows' LSE2 / D, and lane 0 of warp 1 issues
-  // the step's Q / dO TMA loads and stages the bias tiles: with thread 0 issuing them, the release waited for the
-  // next step's tiles, 0.24 ms of the deterministic backward at the MHA layer (det x 0.83 -> 0.92; bench/RESULTS.md,
-  // 2026-12-03 twelfth session).
   constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;  // BM 128: threads 128 .. 255
-  auto issue = [&](int buf, int ih, int iq) {
-    const int h = hk * p.group + ih;
-    const int i0 = (qb_lo + iq) * BM;
-    // One arrival (thread 0) with the bytes of every box of the step on bars[buf]: Q, dO and / or the bias tile.
-    const bool bias_here = kBias && !kBiasOneBuf && bias_smem;
-    const uint32_t bias_bytes = bias_here ? Tr::kBiasTile * sizeof(T) : 0u;
-    if (tma_block(i0)) {
-      if (tid == kLoader) {
-        mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T) + bias_bytes);
-        const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
-#pragma unroll
-        for (int c = 0; c < HD / 64; ++c) {
-          tma_load_4d(sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
-          tma_load_4d(sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
-        }
-      }
-    } else {
-      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
-      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
-      load_tile_sw<BM, HD, Tr::kConsumers>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_sw<BM, HD, Tr::kConsumers>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
-      if (bias_here && tid == kLoader) mbar_arrive_expect_tx(&bars[buf], bias_bytes);
-    }
-    if (bias_here && tid == kLoader) issue_bias(buf, h, i0, &bars[buf]);
-    pf.load(p, sq, n, h, i0, pf_tid);
-  };
+  const DkvSm90Loads<T, Tr, kLoader, decltype(tma_block)> load{hk, j0,  tma_block, p,     qb_lo, bias_smem, tid, sm,
+                                                                   sq, n,   tma,       kt, pf,    pf_tid};
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
-    issue(0, ih, iq);
-    if (kBiasOneBuf && bias_smem && tid == kLoader) issue_bias_one(ih, iq);
-    pf.store(sL, sD, 0, pf_tid);
+    load(0, ih, iq);
+    if (kBiasOneBuf && bias_smem && tid == kLoader) load.bias_one(ih, iq);
+    pf.store(sm.sL, sm.sD, 0, pf_tid);
   }
   cp_async_commit();
 
   float acc_dk[NO][4], acc_dv[NO][4];
   zero_acc(acc_dk);
   zero_acc(acc_dv);
-  const int key_wg = j0 + wg * 64;        // first key of this warpgroup
-  const int key_w = key_wg + wl * 16;     // first key of this warp
+  const int key_wg = j0 + wg * 64;     // first key of this warpgroup
+  const int key_w = key_wg + wl * 16;  // first key of this warp
   // Query rows that see some key of this warpgroup: other query blocks are skipped by the warpgroup (exact: its
   // P = dS = 0 there), which then writes zeros to its rows of sdS.
   int qg_lo = 0, qg_hi = 0;
   if (key_wg < sq.len_kv) mk.query_range(key_wg, min(key_wg + 64, sq.len_kv), qg_lo, qg_hi);
   // The warpgroup's 64 rows of K / V (the K-major A operand of S^T / dP^T) start 64 rows into each panel.
-  const T* sK_wg = sK + wg * 64 * 64;
-  const T* sV_wg = sV + wg * 64 * 64;
+  const T* sK_wg = sm.sK + wg * 64 * 64;
+  const T* sV_wg = sm.sV + wg * 64 * 64;
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
     cp_async_wait<0>();
-    if (tma_step(i0)) {
-      mbar_wait(&bars[buf], (phase >> buf) & 1u);
+    if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
+      mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
       phase ^= 1u << buf;
     }
     fence_proxy_async();
     math_sync();
     // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
-    if (pending && tid == 0) issue_dq();
+    if (pending && tid == 0) add_pending();
     const bool issued = pending;
     pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
-    if (prefetch) issue(buf ^ 1, ih_next, iq_next);
+    if (prefetch) load(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
-    // kDet, a step that opens a turn: its counter, read early (its latency hides behind S, dP and dV) by the threads
-    // that wait for the turn: thread 0 when it adds the tile by TMA, else lane 0 of every warp (each adds its own
-    // elements).
+    // kDet, a step that opens a turn: its counter, read early by the threads that wait for the turn.
     const unsigned* sem = nullptr;
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
+      if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
-    const T* q_cur = sQ + buf * BM * HD;
-    const T* do_cur = sdO + buf * BM * HD;
-    const float* l_cur = sL + buf * BM;
-    const float* d_cur = sD + buf * BM;
+    const T* q_cur = sm.sQ + buf * BM * HD;
+    const T* do_cur = sm.sdO + buf * BM * HD;
+    const float* l_cur = sm.sL + buf * BM;
+    const float* d_cur = sm.sD + buf * BM;
 
-    // One step, as five wgmma commit groups so that register work overlaps the tensor cores:
-    //   S^T | dP^T  -> P^T = exp2(...) while dP^T runs; dV += P^T dO issued before dS^T is formed
-    //   dQ | dK     -> the dQ tile to sdQ (or its atomics) while dK += dS^T Q runs
     const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
     uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
     const int r0 = wg * 64 + wl * 16 + g;               // this thread's first row of sdS (key)
     if (active) {
       float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = BM queries
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(s, desc_kmajor_sw<BN>(sK_wg, kk), desc_kmajor_sw<BM>(q_cur, kk), kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
-        Wgmma<T, BM>::template ss<0, 0>(dpv, desc_kmajor_sw<BN>(sV_wg, kk), desc_kmajor_sw<BM>(do_cur, kk), kk > 0);
-      wgmma_commit();
-      // kDropout, kProducer: this step's keep bits of the thread's rows r0, r0 + 8 (keys), shifted so that bit
-      // 8 nt + (e & 1) is element (nt, e)'s query column 8 nt + 2 t + (e & 1); the buffer is then the producer's
-      // again (KeepBars). Without the producer (head dim 128): drawn here while S^T / dP^T run, bit 4 nt + e.
-      uint64_t keep_lo = 0, keep_hi = 0;
-      if constexpr (kProducer) {
-        mbar_wait(&keep_bars->full[buf], (it >> 1) & 1);
-        keep_lo = sKeep[buf * BN + r0] >> (2 * t);
-        keep_hi = sKeep[buf * BN + r0 + 8] >> (2 * t);
-        mbar_arrive(&keep_bars->empty[buf]);
-      } else if constexpr (kDropout) {
+      issue_st<T, BN, HD>(s, sK_wg, q_cur);       // S^T = K Q^T
+      issue_dpt<T, BN, HD>(dpv, sV_wg, do_cur);   // dP^T = V dO^T
+      uint64_t keep_lo = 0, keep_hi = 0;  // kDropout: the step's keep bits of rows r0, r0 + 8 (keep_producers.cuh)
+      if constexpr (kProducer)
+        take_keep_bits<BN>(sm.sKeep, sm.keep_bars, buf, it, r0, t, keep_lo, keep_hi);
+      else if constexpr (kDropout)
         keep_lo = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
-      }
-      const auto kept = [&](int nt, int e) -> bool {
-        if constexpr (kProducer) return ((e >> 1 ? keep_hi : keep_lo) >> (8 * nt + (e & 1))) & 1u;
-        else return (keep_lo >> (4 * nt + e)) & 1u;
-      };
-      // kBias at head dim 64: the bias^T of the tile, loaded while S^T / dP^T run, from the staged tile (bias_smem)
-      // or from global memory. At 128 the registers are spent: make_logits reads the staged tile where it uses it
-      // (BiasSmemView; step it's tile is the it-th completion of bias_bar), or loads from global memory.
-      constexpr bool kPrefetch = kBias && HD == 64;
-      const auto bias_off = [](int r, int c) { return sw_offset<BM>(r, c); };
-      BiasPrefetch<T, NT, true> bias;
-      BiasSmemView<T, NT, true, decltype(bias_off)> bias_view(bias_off);  // a staged tile
-      if constexpr (kPrefetch) {
-        if (bias_smem) {
-          bias_view.bind(sB + buf * Tr::kBiasTile, key_w - j0, 0, lane);
-          bias.load_smem(bias_view);
-        } else {
-          bias.load(p, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
-        }
-      }
+      const DkvKeepBits<kProducer> keep{keep_lo, keep_hi};
+      BiasPrefetch<T, NT, true> bias;  // kBias: the bias^T of the tile (bias_staging.cuh)
+      BiasSmemView<T, NT, true, SwOffset<BM>> bias_view{SwOffset<BM>{}};
+      prefetch_bias_t<BM, BN, Tr::kBiasBufs>(bias, bias_view, bias_smem, sm.sB, buf, p, n, h, key_w, j0, i0, sq.len_q,
+                                             sq.len_kv, lane);
       wgmma_wait<1>();  // S^T
       fence_acc(s);
-      if constexpr (kBiasOneBuf) {
-        if (bias_smem) {
-          mbar_wait(bias_bar, static_cast<uint32_t>(it & 1));
-          bias_view.bind(sB, key_w - j0, 0, lane);
-        }
-      }
-      const bool need_mask = !mk.tile_all_visible(i0, BM, key_w, 16);
-      // P^T = exp2(sc * s - LSE2): interior tiles without a bias keep the raw products (sc = scale log2(e)); a fully
-      // visible staged / prefetched bias fragment comes back in natural units (sc = log2(e), make_logits' sc_out).
-      const bool fold = !need_mask && !kBias;
+      bind_bias_t<Tr::kBiasBufs>(bias_view, bias_smem, sm.sB, sm.bias_bar, it, key_w, j0, lane);
       float sc_bias = 1.f;
-      if (!fold) {
-        if constexpr (kBiasOneBuf)
-          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, &bias_view, &sc_bias);
-        else
-          make_logits<T, NT, true, kBias>(s, p, mk, need_mask, n, h, key_w, i0, lane, kPrefetch ? &bias : nullptr,
-                                          kBias ? &sc_bias : nullptr);
-      }
-      const float sc = fold ? p.scale_log2 : sc_bias;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[nt * 8 + 2 * t + (e & 1)]));
-      // dV += P^T dO: A = P^T from registers (k-step kc = queries 16 kc .. 16 kc + 15), B = dO read MN-major.
+      pt_from_st<T, kBias>(s, p, mk, n, h, key_w, i0, lane, l_cur, bias_t_source<Tr::kBiasBufs>(bias, bias_view),
+                           sc_bias);  // P^T = exp2(S^T sc - LSE2)
       uint32_t ap[BM / 16][4];
-      if constexpr (kDropout) {
-        float sd[NT][4];  // P^T * keep / (1 - p)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sd[nt][e] = kept(nt, e) ? s[nt][e] * p.dropout_rscale : 0.f;
-        pack_a_frags<T>(sd, ap);
-      } else {
-        pack_a_frags<T>(s, ap);
-      }
+      float sd[NT][4];  // kDropout: P^T * keep / (1 - p)
+      pack_pt<T, kDropout>(s, ap, sd, keep, p.dropout_rscale);
       wgmma_fence();
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dv, ap[kc], desc_mnmajor_sw<BM>(do_cur, kc), 1);
-      wgmma_commit();
+      issue_dv<T, HD>(acc_dv, ap, do_cur);  // dV += P^T dO
       wgmma_wait<1>();  // dP^T (dV still running)
       fence_acc(dpv);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T [* keep / (1 - p)] - D)
-          const float pr = s[nt][e];
-          float dp = dpv[nt][e];
-          if constexpr (kDropout) dp = kept(nt, e) ? dp * p.dropout_rscale : 0.f;
-          dpv[nt][e] = pr != 0.f ? pr * (dp - d_cur[nt * 8 + 2 * t + (e & 1)]) : 0.f;
-        }
-      // Stage dS^T (rounded to T, as for the dK product) for dQ += dS K.
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(dpv[nt][0], dpv[nt][1]);
-        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(dpv[nt][2], dpv[nt][3]);
-      }
+      dst_from_dpt<kDropout>(dpv, s, d_cur, t, keep, p.dropout_rscale);  // dS^T = P^T (dP^T - D)
+      store_frag_sw<T, BN>(sm.sdS, dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
       pack_a_frags<T>(dpv, as);
-      if constexpr (kBias) {  // dS^T to the d_bias workspace (dpv is not read after this)
-        if (p.ws_dbias_heads == p.h_q) {
-          store_dbias_ws<NT, true>(p, dpv, n, h, key_w, i0, sq.len_q, sq.len_kv, lane);
-        } else {
-          // Summed over the group's query heads, which are consecutive steps of one query block (query-block-major
-          // order, heads ascending: a fixed order), and stored once, at the last head, in the KV head's slot.
-          // This warpgroup is active for every head of the block or for none (the mask is the heads' own).
-          const bool first = ih == 0, last = ih == p.group - 1;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float& a = sDb[(nt * 4 + e) * Tr::kConsumers + tid];
-              const float v = first ? dpv[nt][e] : a + dpv[nt][e];
-              if (last) dpv[nt][e] = v;
-              else a = v;
-            }
-          if (last) store_dbias_ws<NT, true>(p, dpv, n, hk, key_w, i0, sq.len_q, sq.len_kv, lane);
-        }
-      }
+      if constexpr (kBias)  // dS^T to the d_bias workspace (dpv is not read after this)
+        store_dbias_step<NT, Tr::kConsumers>(p, dpv, sm.sDb, n, h, hk, ih, key_w, i0, sq.len_q, sq.len_kv, tid, lane);
     } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
-      if constexpr (kProducer) mbar_arrive(&keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
+      if constexpr (kProducer) mbar_arrive(&sm.keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0, c)) = 0u;
-        *reinterpret_cast<uint32_t*>(sdS + sw_offset<BN>(r0 + 8, c)) = 0u;
-      }
+      store_zero_frag_sw<BN, NT>(sm.sdS, r0, t);
     }
-    // This step's sdQ buffer was read by the reduce-adds issued in the previous step (of the step before it), the
-    // newest group unless this step issued one.
-    if (tid == 0) {
-      if (issued)
-        bulk_wait_read<1>();
-      else
-        bulk_wait_read<0>();
-    }
+    dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
     fence_proxy_async();
     math_sync();
     // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
     if constexpr (kBiasOneBuf) {
-      if (bias_smem && prefetch && tid == kLoader) issue_bias_one(ih_next, iq_next);
+      if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
     }
-    // dQ_i += sum_j dS_ij k_j over the block's 128 keys (SPEC 3; softmax_scale applied in the postprocess).
-    // BM 64: warpgroup wg computes columns [wg * HD / 2, (wg + 1) * HD / 2) of the 64 x HD product; BM 128: rows
-    // [64 wg, 64 wg + 64) (queries; sdS's column panel wg) x all HD columns.
+    // dQ over the block's 128 keys, BM 64: warpgroup wg's HD / 2 columns; BM 128: its 64 rows (sdS's panel wg).
     {
       constexpr bool kRows = Tr::kDqSplitRows;
       constexpr int HN = kRows ? HD : HD / 2;
       const int n0 = kRows ? 0 : wg * HN, m0 = kRows ? wg * 64 : 0;
       float accq[HN / 8][4];
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T, HN>::template ss<1, 1>(accq, desc_mnmajor_sw<BN>(sdS + (m0 / 64) * BN * 64, kk),
-                                                  desc_mnmajor_sw<BN>(sK + (n0 / 64) * BN * 64 + n0 % 64, kk), kk > 0);
-      wgmma_commit();
-      // dK += dS^T Q: A = dS^T from registers, B = Q read MN-major (issued unconditionally, with dS^T = 0 when the
-      // warpgroup skipped the block: a wgmma under a branch the compiler cannot prove uniform is serialised).
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HD>::template rs<1>(acc_dk, as[kc], desc_mnmajor_sw<BM>(q_cur, kc), 1);
-      wgmma_commit();
-      if constexpr (kDet) {
-        // A step that opens a turn closes the previous one: it goes to the next key block. Its atomics preceded this
-        // step's first barrier and its reduce-adds (the last of them issued after that barrier) are waited for here,
-        // while dQ and dK run: before the barrier that precedes them, this wait and the release's fence (MEMBAR.GPU)
-        // stalled warp 0 and with it the block (bench/RESULTS.md, 2026-12-01 third session). Then this block's
-        // turn in the query block's order, before its adds.
-        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
-      }
+      issue_dq<T, BN>(accq, sm.sdS, m0, sm.sK, n0);  // dQ = dS K
+      issue_dk<T, HD>(acc_dk, as, q_cur);  // dK += dS^T Q (dS^T = 0 where the warpgroup skipped the step)
+      if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
       if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
-        unsigned char* sq_buf = reinterpret_cast<unsigned char*>(sdQ + buf * BM * HD);
-        const int ra = m0 + wl * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < HN / 8; ++nt) {
-          const int c = n0 + nt * 8 + 2 * t;
-          *reinterpret_cast<float2*>(sq_buf + sw128_f32_offset<BM>(ra, c)) = make_float2(accq[nt][0], accq[nt][1]);
-          *reinterpret_cast<float2*>(sq_buf + sw128_f32_offset<BM>(ra + 8, c)) =
-              make_float2(accq[nt][2], accq[nt][3]);
-        }
+        dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
         fence_proxy_async();
         pending = true;
         pending_buf = buf;
         pending_h = h;
         pending_row = static_cast<int>(ws_row(p, sq, n, i0));
       } else {
-        // Rows ia and ia + 8 of this thread; one base pointer each (immediate offsets per atomic).
-        const int ia = i0 + m0 + wl * 16 + g;
-        const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
-        float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
-        float* pb = pa + 8 * p.d;
-#pragma unroll
-        for (int nt = 0; nt < HN / 8; ++nt) {
-          if (n0 + nt * 8 >= p.d) break;
-          if (va) atomic_add2(pa + nt * 8, accq[nt][0], accq[nt][1]);
-          if (vb) atomic_add2(pb + nt * 8, accq[nt][2], accq[nt][3]);
-        }
+        dq_atomic_add(p, sq, n, h, i0, m0 + wl * 16 + g, n0, t, accq);
       }
       wgmma_wait<0>();  // dK: as[] and the Q buffer are free again
       fence_acc(acc_dk);
       fence_acc(acc_dv);
     }
-    if (prefetch) pf.store(sL, sD, buf ^ 1, pf_tid);
+    if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
-  if (pending) {  // the last step's tile (uniform: a function of its query block)
-    math_sync();
-    if (tid == 0) issue_dq();
-  }
-  if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
-  if constexpr (kDet) {
-    if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
-      math_sync();
-      blk.template release_last_turn<Turns>(p, tid);
-    }
-  }
+  dq_finish<kDet, Turns>(blk, p, tid, iters, pending, math_sync, add_pending);
   cp_async_wait<0>();
   wgmma_wait<0>();
   fence_acc(acc_dk);
   fence_acc(acc_dv);
-  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
-  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
-  const int rows_valid = kt.rows() - (wg * 64 + wl * 16);
-  store_fragment<T, NO>(dk + (wg * 64 + wl * 16) * p.dk_st.s, p.dk_st.s, rows_valid, p.d, acc_dk, p.softmax_scale,
-                        p.softmax_scale, lane);
-  store_fragment<T, NO>(dv + (wg * 64 + wl * 16) * p.dv_st.s, p.dv_st.s, rows_valid, p.d_v, acc_dv, 1.f, 1.f, lane);
+  store_dkdv<T>(p, kt, wg * 64 + wl * 16, 0, acc_dk, acc_dv, lane);
 #endif
 }
 

@@ -24,7 +24,7 @@
 // image of the ws_dq map's 32-column boxes, and thread 0 adds it to ws_dq by TMA reduce-adds after the next step's
 // first barrier; the next step's prefetch into that stage waits until they have read it (thread 0, before the
 // barrier that precedes the prefetch). Partial query blocks (and a call without the dq map) add with float4
-// atomics. bf16, b 2, h 16, s 4096, causal (bench/RESULTS.md, 2026-12-05 nineteenth session): float4 atomics for
+// atomics. bf16, b 2, h 16, s 4096, causal (bench/RESULTS.md, 2026-12-05, 6e52af0): float4 atomics for
 // every block 4.87 ms on an H100 and 2.72 ms on an H200, against 1.99 / 1.94 ms with no dq adds at all (a timing
 // build, results wrong) and 2.28 ms (H200) with these reduce-adds: the fp32 reductions of 64 KiB per step at 64
 // keys a block, not the products, were the atomics' time.
@@ -33,6 +33,10 @@
 //   wait S^T: P^T to sP | thread 0: wait for the reduce-adds' reads | barrier | next step's loads issued into the
 //   other stage | dV issued | wait dP^T: dS^T to sdS | barrier | dQ, dK issued | wait dQ, dK: the dQ tile to the
 //   stage (full blocks) or dQ atomics.
+// Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
+// from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
+// The parts are bwd_dkdv_sm90.cuh's (the prologue, products, dq adds, epilogue in files of their own); this file: the
+// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads) and the kernel.
 // kDet: as bwd_dkdv_sm90.cuh's kDet with a turn per step (dq_turn_per_step): the block's tile comes from a ticket,
 // steps run query-block-major and descending, the step's turn is waited for before its adds (thread 0 for a tile
 // it adds by TMA in the next step, else lane 0 of every warp before the warp's atomics), and thread 0 releases the
@@ -45,6 +49,7 @@ namespace sinkattn::cuda::sm90 {
 
 template <int HD>
 struct DkvSm90WideTraits {
+  static constexpr int kHeadDim = HD;
   static constexpr int kThreads = 256;
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block
   static constexpr int kBlockM = 64;                             // query rows per step
@@ -52,12 +57,80 @@ struct DkvSm90WideTraits {
   static constexpr int kCols = kBlockM / 2;                      // S^T / dP^T query columns per warpgroup
   static_assert(tiles::dkdv_sm90_wide(HD) && HD == 256 && kBlockN == 64,
                 "head dim 256: two warpgroups x 128 columns, 64 keys");
-  // sK, sV [BN][HD]; 2 stages of {Q [BM][HD], dO [BM][HD]} (each stage also the fp32 [BM][HD] dQ tile of its step);
-  // sP, sdS [BN][BM] (16-bit); sL, sD [2][BM] fp32; 2 mbarriers (the TMA loads of the two stages) and kDet's ticket
-  // (32 bytes); room to align the base to 1024 bytes (the swizzled tiles).
+  // The shared memory (DkvSm90WideSmem has the layout) and room to align its base to 1024 bytes.
   static constexpr int kSmem = (2 * kBlockN * HD + 4 * kBlockM * HD + 2 * kBlockN * kBlockM) * 2 + 4 * kBlockM * 4 +
                                32 + 1024;
   static_assert(kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
+};
+
+// The shared memory of bwd_dkdv_sm90_wide_kernel, in this order from a base aligned to 1024 bytes (16-bit tiles in the
+// 128-byte-swizzled row panels; DkvSm90WideTraits has the size):
+//   sK, sV [BN][HD]; 2 stages of {Q [BM][HD], dO [BM][HD]} (q_tile, do_tile; each stage also the fp32 [BM][HD] dQ tile
+//   of its step: dq_box); sP, sdS [BN][BM] (P^T, dS^T: rows = keys, cols = queries); sL, sD [2][BM] fp32 (LSE2,
+//   D - d_lse); bars [2] (the TMA loads of the two stages) and kDet's ticket (32 bytes).
+template <typename T, typename Tr>
+struct DkvSm90WideSmem {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
+  T *sK, *sV, *stages, *sP, *sdS;
+  float *sL, *sD;
+  uint64_t* bars;
+  unsigned* ticket;
+  __device__ __forceinline__ explicit DkvSm90WideSmem(unsigned char* smem_raw) {
+    sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sV = sK + BN * HD;
+    stages = sV + BN * HD;  // [2][Q BM * HD, dO BM * HD]
+    sP = stages + 4 * BM * HD;
+    sdS = sP + BN * BM;
+    sL = reinterpret_cast<float*>(sdS + BN * BM);
+    sD = sL + 2 * BM;
+    bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);
+    ticket = reinterpret_cast<unsigned*>(bars + 2);
+  }
+};
+
+// The loads of step (query head ih of the group, query block qb_lo + iq) into stage buf (the kernel's state, by
+// reference): Q and dO by TMA where all BM rows lie in the sequence (tma_block; thread kLoader arms bars[buf]), else
+// by cp.async (rows past len_q zero-filled); the rows' LSE2 / D into registers (pf; stored one step later). kDet:
+// other threads than thread 0 load (bwd_dkdv_sm90.cuh says why: the turns' releases).
+template <typename T, typename Tr, int kLoader, typename TmaBlock, typename QTile, typename DoTile>
+struct DkvSm90WideLoads {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
+  const int& hk;
+  const Params& p;
+  const int& qb_lo;
+  const TmaBlock& tma_block;
+  const int& tid;
+  const DkvSm90WideSmem<T, Tr>& sm;
+  const SeqInfo& sq;
+  const int& n;
+  const QTile& q_tile;
+  const Sm90Tma& tma;
+  const DoTile& do_tile;
+  const KeyTile<BN>& kt;
+  RowStatsPrefetch<BM>& pf;
+  const int& pf_tid;
+
+  __device__ __forceinline__ void operator()(int buf, int ih, int iq) const {
+    const int h = hk * p.group + ih;
+    const int i0 = (qb_lo + iq) * BM;
+    if (tma_block(i0)) {
+      if (tid == kLoader) {
+        mbar_arrive_expect_tx(&sm.bars[buf], 2 * BM * HD * sizeof(T));
+        const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
+#pragma unroll
+        for (int c = 0; c < HD / 64; ++c) {
+          tma_load_4d(q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
+        }
+      }
+    } else {
+      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
+      load_tile_sw<BM, HD, Tr::kThreads>(q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+    }
+    pf.load(p, sq, n, h, i0, pf_tid);
+  }
 };
 
 template <typename T, int HD, bool kDet>
@@ -67,11 +140,9 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   using Tr = DkvSm90WideTraits<HD>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HN = Tr::kHalf, QC = Tr::kCols, NT = QC / 8, NO = HN / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  T* sV = sK + BN * HD;
-  T* stages = sV + BN * HD;    // [2][Q BM * HD, dO BM * HD]
-  const auto q_tile = [&](int b) { return stages + b * 2 * BM * HD; };
-  const auto do_tile = [&](int b) { return stages + b * 2 * BM * HD + BM * HD; };
+  const DkvSm90WideSmem<T, Tr> sm(smem_raw);
+  const auto q_tile = [&](int b) { return sm.stages + b * 2 * BM * HD; };
+  const auto do_tile = [&](int b) { return sm.stages + b * 2 * BM * HD + BM * HD; };
   // The dQ tile's 32-column fp32 boxes in a stage: after the step's last barrier warpgroup wg's dV and dK still read
   // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
   // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
@@ -79,16 +150,10 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
   const auto dq_box = [&](int b, int bx) {
     const int w = bx >> 2, j = bx & 3;
-    return reinterpret_cast<unsigned char*>(stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
+    return reinterpret_cast<unsigned char*>(sm.stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
            w * (BM * 128 * 2) + (j & 1) * (BM * 128);
   };
   static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
-  T* sP = stages + 4 * BM * HD;  // [BN * BM]: P^T, rows = keys, cols = queries
-  T* sdS = sP + BN * BM;       // [BN * BM]: dS^T
-  float* sL = reinterpret_cast<float*>(sdS + BN * BM);  // [2][BM] LSE2
-  float* sD = sL + 2 * BM;                              // [2][BM] D - d_lse
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);  // [2]: TMA completion per buffer
-  unsigned* ticket = reinterpret_cast<unsigned*>(bars + 2);  // kDet
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;
@@ -96,7 +161,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   // Programmatic dependent launch (KernelChoice::pdl): as bwd_dkdv_sm90.cuh. Every block waits for the preprocess
   // before it exits, so that the dq convert's wait for this grid implies the preprocess's completion too.
   pdl_launch_dependents();
-  const TileCoord tc = dkdv_tile<kDet>(p, ticket, tid);  // (the prologue: bwd_dkdv_sm90.cuh, DkvBlock)
+  const TileCoord tc = dkdv_tile<kDet>(p, sm.ticket, tid);  // (the prologue: bwd_sm90_prologue.cuh)
   const DkvBlock<BM, BN> blk(p, tc);
   if (blk.kt.outside()) {
     pdl_wait();
@@ -110,106 +175,65 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   using Turns = DqTurns<dq_turn_per_step(false)>;  // kDet
 
   // A query block with all BM rows inside the sequence is loaded by TMA (a function of the block alone: the issuing
-  // and the consuming step agree on it).
+  // and the consuming step agree on it); its dq tile is added by TMA reduce-adds (bwd_sm90_dq.cuh).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
-  // The same for the dq adds: a full block's tile by TMA reduce-adds (a box would add to the next sequence's rows).
   auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
   bool pending = false;  // the previous step staged a dQ tile (in its stage, the other one)
   int pending_h = 0, pending_row = 0;
-  auto issue_dq = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
-#pragma unroll
-    for (int bx = 0; bx < HD / 32; ++bx)
-      if (bx * 32 < p.d) tma_reduce_add_3d(&tma.dq, dq_box(b, bx), bx * 32, pending_row, pending_h);
-    bulk_commit();
+  auto add_pending = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return dq_box(b, bx); }, p.d, pending_row, pending_h);
   };
   if (tid == 0) {
-    mbar_init(&bars[0], 1);
-    mbar_init(&bars[1], 1);
+    mbar_init(&sm.bars[0], 1);
+    mbar_init(&sm.bars[1], 1);
   }
   __syncthreads();
-  const T* kg = kt.template kv_rows<const T>(p.k, p.k_st);
-  const T* vg = kt.template kv_rows<const T>(p.v, p.v_st);
-  load_tile_sw<BN, HD, Tr::kThreads>(sK, kg, p.k_st.s, sq.len_kv - j0, p.d, tid);
-  load_tile_sw<BN, HD, Tr::kThreads>(sV, vg, p.v_st.s, sq.len_kv - j0, p.d_v, tid);
+  load_kv_sw<HD, Tr::kThreads>(sm.sK, sm.sV, kt, p, tid);  // K, V of the block, once (cp.async)
   pdl_wait();  // the preprocess's ws_lse2 / ws_dp / zeroed ws_dq (K and V loads are already under way)
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
 
   RowStatsPrefetch<BM> pf;
-  // kDet: thread 0 releases the turns (a MEMBAR.GPU that waits for the thread's memory operations in flight), so
-  // other threads load the rows' LSE2 / D (64 .. 127) and issue the TMA loads (lane 0 of warp 1), as in
-  // bwd_dkdv_sm90.cuh.
   constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;
-  auto issue = [&](int buf, int ih, int iq) {
-    const int h = hk * p.group + ih;
-    const int i0 = (qb_lo + iq) * BM;
-    if (tma_block(i0)) {
-      if (tid == kLoader) {
-        mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
-        const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
-#pragma unroll
-        for (int c = 0; c < HD / 64; ++c) {
-          tma_load_4d(q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
-          tma_load_4d(do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
-        }
-      }
-    } else {
-      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
-      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
-      load_tile_sw<BM, HD, Tr::kThreads>(q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_sw<BM, HD, Tr::kThreads>(do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
-    }
-    pf.load(p, sq, n, h, i0, pf_tid);
-  };
+  const DkvSm90WideLoads<T, Tr, kLoader, decltype(tma_block), decltype(q_tile), decltype(do_tile)> load{
+      hk, p, qb_lo, tma_block, tid, sm, sq, n, q_tile, tma, do_tile, kt, pf, pf_tid};
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
-    issue(0, ih, iq);
-    pf.store(sL, sD, 0, pf_tid);
+    load(0, ih, iq);
+    pf.store(sm.sL, sm.sD, 0, pf_tid);
   }
   cp_async_commit();
 
   float acc_dk[NO][4], acc_dv[NO][4];
   zero_acc(acc_dk);
   zero_acc(acc_dv);
-  const int n0 = wg * HN;         // this warpgroup's head-dim columns of dK, dV, dQ
-  const int c0 = wg * QC;         // its query columns of S^T, dP^T (within the step's block)
+  const int n0 = wg * HN;          // this warpgroup's head-dim columns of dK, dV, dQ
+  const int c0 = wg * QC;          // its query columns of S^T, dP^T (within the step's block)
   const int key_w = j0 + wl * 16;  // this warp's first key (S^T rows)
-  const int r0 = wl * 16 + g;     // this thread's first row of sP / sdS
+  const int r0 = wl * 16 + g;      // this thread's first row of sP / sdS
+  // A warp's 16 x 32 fragment (rows = keys r0, r0 + 8; cols = queries c0 + 8 nt + 2 t) rounded to T into sP / sdS.
+  auto store_frag = [&](T* tile, const float (&f)[NT][4]) { store_frag_sw<T, BN>(tile, f, r0, c0, t); };
 
-  // Stores a warp's 16 x 32 fragment (rows = keys r0, r0 + 8; cols = queries c0 + 8 nt + 2 t) rounded to T.
-  auto store_frag = [&](T* tile, const float (&f)[NT][4]) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int c = c0 + nt * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(tile + sw_offset<BN>(r0, c)) = ElemTraits<T>::pack(f[nt][0], f[nt][1]);
-      *reinterpret_cast<uint32_t*>(tile + sw_offset<BN>(r0 + 8, c)) = ElemTraits<T>::pack(f[nt][2], f[nt][3]);
-    }
-  };
-  // Descriptors of the k-steps as one base descriptor plus a constant (the start address's field, bits 0-13, holds
-  // address / 16 and the tiles lie inside shared memory, so the sum never carries out of it): the 16 k-steps of the
-  // S^T / dP^T chains then cost no register each.
-  const uint64_t dK0 = desc_kmajor_sw<BN>(sK, 0), dV0 = desc_kmajor_sw<BN>(sV, 0);
-  const uint64_t dP0 = desc_kmajor_sw<BN>(sP, 0), ddS0 = desc_kmajor_sw<BN>(sdS, 0);
-  const uint64_t ddS_mn0 = desc_mnmajor_sw<BN>(sdS, 0), dKn0 = desc_mnmajor_sw<BN>(sK + (n0 / 64) * BN * 64, 0);
-  const auto kstep = [](uint64_t d0, int kk, int rows) -> uint64_t {
-    return d0 + static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
-  };
-  const auto mnstep = [](uint64_t d0, int kk) -> uint64_t { return d0 + static_cast<uint64_t>((kk * 16 * 128) >> 4); };
+  // Descriptors of the k-steps as one base descriptor plus a constant (kstep_desc, mnstep_desc: the 16 k-steps of
+  // the S^T / dP^T chains then cost no register each).
+  const uint64_t dK0 = desc_kmajor_sw<BN>(sm.sK, 0), dV0 = desc_kmajor_sw<BN>(sm.sV, 0);
+  const uint64_t dP0 = desc_kmajor_sw<BN>(sm.sP, 0), ddS0 = desc_kmajor_sw<BN>(sm.sdS, 0);
+  const uint64_t ddS_mn0 = desc_mnmajor_sw<BN>(sm.sdS, 0), dKn0 = desc_mnmajor_sw<BN>(sm.sK + (n0 / 64) * BN * 64, 0);
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
     cp_async_wait<0>();
     if (tma_block(i0)) {
-      mbar_wait(&bars[buf], (phase >> buf) & 1u);
+      mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
       phase ^= 1u << buf;
     }
     fence_proxy_async();
     __syncthreads();  // the step's tiles are in; every product and dQ store of the previous step has completed
     // thread 0: the reduce-adds of the previous step's tile (kDet: that step's turn is held)
     const bool issued = pending && tid == 0;
-    if (issued) issue_dq(buf ^ 1);
+    if (issued) add_pending(buf ^ 1);
     pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
@@ -218,145 +242,76 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     unsigned seen = 0;
     const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
-      if (waits) sem = blk.template open_turn<Turns>(p, ih, iq, seen);
+      if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
     const T* q_cur = q_tile(buf);
     const T* do_cur = do_tile(buf);
     const uint64_t dQ0 = desc_kmajor_sw<BM>(q_cur + c0 * 64, 0), dO0 = desc_kmajor_sw<BM>(do_cur + c0 * 64, 0);
     const uint64_t dQn0 = desc_mnmajor_sw<BM>(q_cur + (n0 / 64) * BM * 64, 0);
     const uint64_t dOn0 = desc_mnmajor_sw<BM>(do_cur + (n0 / 64) * BM * 64, 0);
-    const float* l_cur = sL + buf * BM;
-    const float* d_cur = sD + buf * BM;
+    const float* l_cur = sm.sL + buf * BM;
+    const float* d_cur = sm.sD + buf * BM;
     const int ic = i0 + c0;  // this warpgroup's first query
-    // Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
-    // from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
     float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = the warpgroup's 32 queries
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-      Wgmma<T, QC>::template ss<0, 0>(s, kstep(dK0, kk, BN), kstep(dQ0, kk, BM), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-      Wgmma<T, QC>::template ss<0, 0>(dpv, kstep(dV0, kk, BN), kstep(dO0, kk, BM), kk > 0);
-    wgmma_commit();
+    issue_st_desc<T, HD, BN, BM>(s, dK0, dQ0);     // S^T = K Q^T (the warpgroup's query columns)
+    issue_st_desc<T, HD, BN, BM>(dpv, dV0, dO0);   // dP^T = V dO^T
     wgmma_wait<1>();  // S^T
     fence_acc(s);
-    const bool need_mask = !mk.tile_all_visible(ic, QC, key_w, 16);
-    if (need_mask) make_logits<T, NT, true, false>(s, p, mk, true, n, h, key_w, ic, lane);
-    const float sc = need_mask ? 1.f : p.scale_log2;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], sc, -l_cur[c0 + nt * 8 + 2 * t + (e & 1)]));
-    store_frag(sP, s);
+    pt_from_st_cols<T>(s, p, mk, n, h, key_w, ic, lane, l_cur, c0, t);  // P^T = exp2(S^T sc - LSE2)
+    store_frag(sm.sP, s);
     if (issued) bulk_wait_read<0>();  // the other stage is read: the next step's tiles may go there
     fence_proxy_async();
     __syncthreads();  // P^T complete
-    if (prefetch) issue(buf ^ 1, ih_next, iq_next);
+    if (prefetch) load(buf ^ 1, ih_next, iq_next);
     cp_async_commit();
-    // dV[:, n0 .. n0 + HN) += P^T dO: k-step kc = queries 16 kc .. 16 kc + 15.
     wgmma_fence();
-#pragma unroll
-    for (int kc = 0; kc < BM / 16; ++kc)
-      Wgmma<T, HN>::template ss<0, 1>(acc_dv, kstep(dP0, kc, BN), mnstep(dOn0, kc), 1);
-    wgmma_commit();
+    issue_mma_desc<T, BN, BM>(acc_dv, dP0, dOn0);  // dV[:, n0 .. n0 + HN) += P^T dO
     wgmma_wait<1>();  // dP^T (dV still running)
     fence_acc(dpv);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // dS^T = P^T (dP^T - D)
-        const float pr = s[nt][e];
-        dpv[nt][e] = pr != 0.f ? pr * (dpv[nt][e] - d_cur[c0 + nt * 8 + 2 * t + (e & 1)]) : 0.f;
-      }
-    store_frag(sdS, dpv);
+    dst_from_dpt_cols(dpv, s, d_cur, c0, t);  // dS^T = P^T (dP^T - D)
+    store_frag(sm.sdS, dpv);
     fence_proxy_async();
     __syncthreads();  // dS^T complete
     {
-      // dQ_i += sum_j dS_ij k_j over the block's keys (SPEC 3; softmax_scale applied in the postprocess), columns
-      // [n0, n0 + HN): A = dS (sdS read MN-major), B = K (MN-major), k-step kk = keys 16 kk .. 16 kk + 15.
       float accq[NO][4];
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T, HN>::template ss<1, 1>(accq, mnstep(ddS_mn0, kk), mnstep(dKn0, kk), kk > 0);
-      wgmma_commit();
-      // dK[:, n0 .. n0 + HN) += dS^T Q.
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc)
-        Wgmma<T, HN>::template ss<0, 1>(acc_dk, kstep(ddS0, kc, BN), mnstep(dQn0, kc), 1);
-      wgmma_commit();
-      if constexpr (kDet) {
-        // Release the previous turn (its reduce-adds were issued after this step's first barrier), then wait for
-        // this step's, while dQ and dK run.
-        blk.template pass_turn<Turns>(p, tc.block, tid, it, ih, iq, waits, sem, seen);
-      }
+      issue_dq_desc<T, BN>(accq, ddS_mn0, dKn0);   // dQ[:, n0 .. n0 + HN) = dS K
+      issue_mma_desc<T, BN, BM>(acc_dk, ddS0, dQn0);  // dK[:, n0 .. n0 + HN) += dS^T Q
+      if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
       // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
       wgmma_wait<1>();  // dV, dQ (dK still running)
       fence_acc(accq);
       const bool by_tma = tma_dq(i0);  // block-uniform
-      if (!by_tma) {
-        // float4 atomics while dK runs: lanes t and t ^ 1 (same g) swap halves so that an even t adds columns
-        // 8 nt + 2 t .. + 3 of row g, an odd t those of row g + 8 (columns 8 nt + 2 (t - 1) .. + 3).
-        const bool odd = (t & 1) != 0;
-        const int ia = i0 + wl * 16 + g + (odd ? 8 : 0);
-        const bool va = ia < sq.len_q;
-        float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * (t & 2);
-#pragma unroll
-        for (int nt = 0; nt < NO; ++nt) {
-          if (n0 + nt * 8 >= p.d) break;
-          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? accq[nt][0] : accq[nt][2], 1);
-          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? accq[nt][1] : accq[nt][3], 1);
-          const float4 v =
-              odd ? make_float4(x0, x1, accq[nt][2], accq[nt][3]) : make_float4(accq[nt][0], accq[nt][1], x0, x1);
-          if (va) atomicAdd(reinterpret_cast<float4*>(pa + nt * 8), v);
-        }
-      }
+      if (!by_tma) dq_atomic_add4(p, sq, n, h, i0, wl * 16 + g, n0, t, accq);  // float4 atomics while dK runs
       wgmma_wait<0>();  // dK: this step's Q and dO are read
       fence_acc(acc_dk);
       fence_acc(acc_dv);
-      if (by_tma) {
-        // The tile to this step's stage (columns >= d are clipped by the map); thread 0 adds it after the next
-        // barrier.
-        // (Each box in the swizzled image of one ws_dq map box: sw128_f32_offset of its 32 columns.)
-        const int ra = wl * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < NO; ++nt) {
-          const int c = n0 + nt * 8 + 2 * t;
-          unsigned char* box = dq_box(buf, c >> 5);
-          *reinterpret_cast<float2*>(box + sw128_f32_offset<BM>(ra, c & 31)) = make_float2(accq[nt][0], accq[nt][1]);
-          *reinterpret_cast<float2*>(box + sw128_f32_offset<BM>(ra + 8, c & 31)) =
-              make_float2(accq[nt][2], accq[nt][3]);
-        }
+      if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
+        dq_stage_boxes<BM>([&](int bx) { return dq_box(buf, bx); }, accq, wl * 16 + g, n0, t);
         fence_proxy_async();
         pending = true;
         pending_h = h;
         pending_row = static_cast<int>(ws_row(p, sq, n, i0));
       }
     }
-    if (prefetch) pf.store(sL, sD, buf ^ 1, pf_tid);
+    if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
   if (pending) {  // the last step's tile (uniform: a function of its query block)
     __syncthreads();
-    if (tid == 0) issue_dq((iters - 1) & 1);
+    if (tid == 0) add_pending((iters - 1) & 1);
   }
   if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
   if constexpr (kDet) {
     if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
       __syncthreads();
-      blk.template release_last_turn<Turns>(p, tid);
+      release_last_dq_turn<Turns>(blk, p, tid);
     }
   }
   cp_async_wait<0>();
-  T* dk = kt.template kv_rows<T>(p.dk, p.dk_st);
-  T* dv = kt.template kv_rows<T>(p.dv, p.dv_st);
-  const int rows_valid = kt.rows() - wl * 16;
-  store_fragment<T, NO>(dk + (wl * 16) * p.dk_st.s + n0, p.dk_st.s, rows_valid, p.d - n0, acc_dk, p.softmax_scale,
-                        p.softmax_scale, lane);
-  store_fragment<T, NO>(dv + (wl * 16) * p.dv_st.s + n0, p.dv_st.s, rows_valid, p.d_v - n0, acc_dv, 1.f, 1.f, lane);
+  store_dkdv<T>(p, kt, wl * 16, n0, acc_dk, acc_dv, lane);
 #endif
 }
 

@@ -20,13 +20,17 @@
 //   - kDropout: the keep bits of every key block come from two places: the consumers draw those of their fragment's
 //     first kConsumerSlices 8-key slices while S and P V run (Dropout::keep_bits), warps 1 .. 3 of the producer
 //     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are
-//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02 eleventh session: with the producer alone
+//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02, H200, 1651c86: with the producer alone
 //     it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split measured).
 // Tiles (kBlockM query rows of one (sequence, head)) in scheduler.hpp's longest-first order over the whole launch (in
 // L2 sections of p.fwd_section heads):
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
 // K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
 // per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
+// This file: the traits, the shared-memory layout (FwdWsSmem), the tile order (fwd_ws_tile), the producer warp's
+// loads (fwd_ws_load) and the kernel (the consumers' pipeline and epilogue). The keep producer and the consumers'
+// side of its handover: keep_producers.cuh; the staged bias tiles: bias_staging.cuh; the tensor maps (Sm90FwdTma):
+// fwd_sm90.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -36,6 +40,7 @@
 #include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
+#include "cuda/hopper/keep_producers.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/scheduler.cuh"
@@ -45,6 +50,7 @@ namespace sinkattn::cuda::sm90 {
 
 template <int HD, int NC_ = 2, bool kBias_ = false, bool kDropout_ = false>
 struct FwdWsTraits {
+  static constexpr int kHeadDim = HD;
   static constexpr int kNC = NC_;                 // consumer warpgroups
   static constexpr int kThreads = 128 * (kNC + 1);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kNC;        // query rows per block
@@ -85,54 +91,6 @@ struct FwdWsTraits {
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
 };
 
-// kDropout's keep producer (warps 1 .. 3 of the producer warpgroup, rt = 0 .. 95): for every key block the consumers
-// will visit, in their order (the ring position `it` counts the block's key blocks over its tiles, as theirs does),
-// the keep bits of the tile's BM queries x BN keys (SPEC.md section 2, Dropout::keep_key_quad: 4 keys of one
-// query per Philox block) into sKeep[it % KS] once the consumers have read what the stage held KS blocks before.
-// Unit u = (row u / C, 16-key chunk CH0 + u % C; chunks below CH0 are the consumers' own, never written): 4 Philox
-// blocks in flight when s_kv % 4 == 0 (keep_key_quad<true>; otherwise one block per key, drawn one after another),
-// bits 0 for a row past len_q or a chunk the row sees no key of (P = 0 there). keep_full[s] takes
-// one arrival per producer thread, keep_empty[s] one per consumer warp.
-template <int BM, int BN, int KS, int NTHR, int CH0, typename TileAt>
-__device__ __forceinline__ void fwd_keep_producer(const Params& p, int num_tiles, const TileAt& tile_at,
-                                                  uint16_t* sKeep, uint64_t* keep_full, uint64_t* keep_empty,
-                                                  int rt) {
-  constexpr int C = BN / 16 - CH0, kUnits = BM * C;  // chunks CH0 .. BN / 16 - 1 of every row
-  int it = 0;
-  for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
-    const auto t = tile_at(L);
-    if (t.nblocks == 0) continue;
-    const Mask mk(p, t.sq);
-    const Dropout dr(p, t.n, t.h);
-    for (int i = 0; i < t.nblocks; ++i, ++it) {
-      const int s = it % KS, j0 = (t.nb_lo + i) * BN;
-      mbar_wait(&keep_empty[s], ((it / KS) & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
-      uint16_t* dst = sKeep + s * BM * (BN / 16);
-      auto draw = [&](auto aligned) {  // aligned: s_kv % 4 == 0 (Dropout::by_key_alignment), once per block
-#pragma unroll 1
-        for (int u = rt; u < kUnits; u += NTHR) {
-          const int r = u / C, ch = CH0 + u % C, row = t.m0 + r, jc = j0 + 16 * ch;
-          uint32_t bits = 0;
-          if (row < t.sq.len_q) {
-            int lo, hi;
-            mk.key_range(row, row + 1, lo, hi);
-            if (jc < hi && jc + 16 > lo) {
-              uint32_t kq[4];
-#pragma unroll
-              for (int q = 0; q < 4; ++q)
-                kq[q] = dr.template keep_key_quad<decltype(aligned)::value>(row, jc + 4 * q, p.s_kv);
-              bits = kq[0] | kq[1] << 4 | kq[2] << 8 | kq[3] << 12;
-            }
-          }
-          dst[r * (BN / 16) + ch] = static_cast<uint16_t>(bits);
-        }
-      };
-      Dropout::by_key_alignment(p.s_kv, draw);
-      mbar_arrive(&keep_full[s]);
-    }
-  }
-}
-
 // Named barriers 1 .. kNC (sm90_common.cuh's named_bar_sync / named_bar_arrive) order the consumer warpgroups'
 // wgmma issue.
 
@@ -144,6 +102,158 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
   fence_proxy_async();
   __syncwarp();
   if (lane == 0) mbar_arrive(bar);
+}
+
+// The shared memory of fwd_sm90_ws_kernel, in this order from a base aligned to 1024 bytes (FwdWsTraits has the
+// sizes): sQ [BM][HD]; sK, sV [S][BN][HD] (the two-stage K / V ring; 16-bit tiles in the swizzled row panels);
+// kBias: sB [S][BM * BN] (the bias tiles, a ring beside K's); kDropout: sKeep [KS][BM][BN / 16] uint16 (the keep
+// bits of the slices the producer draws); the mbarriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S],
+// v_empty[S] (kBias: b_full[S], b_empty[S]; kDropout: keep_full[KS], keep_empty[KS]). A "full" barrier completes
+// when a stage's loads have landed (one arrival and the TMA bytes, or the loading warp's cp.async arrival), an
+// "empty" one when every consumer warp (one arrival each) is done with it.
+template <typename T, typename Tr>
+struct FwdWsSmem {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages, NC = Tr::kNC;
+  static constexpr int KS = Tr::kKeepStages;
+  T *sQ, *sK, *sV, *sB;
+  uint16_t* sKeep;
+  uint64_t *q_full, *q_empty, *k_full, *k_empty, *v_full, *v_empty, *b_full, *b_empty, *keep_full, *keep_empty;
+  __device__ __forceinline__ explicit FwdWsSmem(unsigned char* smem_raw) {
+    sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sK = sQ + BM * HD;
+    sV = sK + S * BN * HD;
+    sB = sV + S * BN * HD;
+    sKeep = reinterpret_cast<uint16_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(sKeep + Tr::kKeepStages * Tr::kKeepTile);
+    q_full = bars;
+    q_empty = bars + 1;
+    k_full = bars + 2;
+    k_empty = k_full + S;
+    v_full = k_empty + S;
+    v_empty = v_full + S;
+    b_full = v_empty + S;
+    b_empty = b_full + S;
+    keep_full = b_empty + S;
+    keep_empty = keep_full + KS;
+  }
+  // Thread 0, before the block's first barrier: a full barrier takes one arrival, an empty one an arrival per
+  // consumer warp (keep_full: one per producer thread).
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 4 * NC);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&k_empty[s], 4 * NC);
+      mbar_init(&v_empty[s], 4 * NC);
+      if constexpr (Tr::kBiasStages > 0) {
+        mbar_init(&b_full[s], 1);
+        mbar_init(&b_empty[s], 4 * NC);
+      }
+    }
+    for (int s = 0; s < KS; ++s) {
+      mbar_init(&keep_full[s], Tr::kKeepThreads);
+      mbar_init(&keep_empty[s], 4 * NC);
+    }
+  }
+};
+
+// Everything a role needs of one tile (both roles compute it alike, so they agree on which tiles load): tile L of
+// the launch's longest-first order in L2 sections of p.fwd_section heads (scheduler.hpp), BM query rows from m0 of
+// head h, sequence n, and its key blocks nb_lo .. nb_lo + nblocks - 1 of BN keys. mblocks: query blocks per
+// sequence; heavy_last: windows reaching right (the heavy tiles are then the last ones).
+struct FwdWsTile {
+  int h, n, hk, m0, nb_lo, nblocks;
+  SeqInfo sq;
+  bool real, padding;  // real: some row of the block lies in its sequence (else nothing to do)
+};
+template <int BM, int BN>
+__device__ __forceinline__ FwdWsTile fwd_ws_tile(const Params& p, int64_t L, int mblocks, bool heavy_last) {
+  FwdWsTile t;
+  const TileCoord tc = tile_of_linear_sectioned(static_cast<unsigned long long>(L), tile_pairs(p.h_q, p.b), mblocks,
+                                                p.h_q, heavy_last, static_cast<unsigned long long>(p.fwd_section));
+  t.h = tc.head;
+  t.n = tc.batch;
+  const int block = tc.block;
+  t.hk = t.h / p.group;
+  t.sq = seq_info(p, t.n);
+  t.m0 = block * BM;
+  t.real = t.m0 < t.sq.rows_q;
+  t.padding = t.real && t.m0 >= t.sq.len_q;
+  t.nb_lo = 0;
+  t.nblocks = 0;
+  if (t.real && !t.padding) {
+    const Mask mk(p, t.sq);
+    int k_lo, k_hi;
+    mk.key_range(t.m0, min(t.m0 + BM, t.sq.len_q), k_lo, k_hi);
+    t.nb_lo = k_lo / BN;
+    const int nb_hi = (k_hi + BN - 1) / BN;
+    t.nblocks = nb_hi > t.nb_lo ? nb_hi - t.nb_lo : 0;
+  }
+  return t;
+}
+
+// The producer warp (warp 0): Q once per tile and K, V (kBias: with the bias tile) of every key block into the
+// two-stage ring, by TMA where the block lies in the sequence and by cp.async with zero-fill where it reaches past
+// its end (rows past len_kv must read as exact zeros: P = 0 there, and 0 * NaN would reach the output), each stage
+// once the consumers have released it (its "empty" barrier), completing its "full" barrier.
+template <typename T, typename Tr, typename TileAt>
+__device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& tma, const FwdWsSmem<T, Tr>& sm,
+                                            const TileAt& tile_at, int num_tiles, int lane, bool bias_smem) {
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages;
+  int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
+  int qi = 0;  // Q tiles loaded so far
+  for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
+    const FwdWsTile t = tile_at(L);
+    if (t.nblocks == 0) continue;
+    const SeqInfo& sq = t.sq;
+    const int nbatch = p.varlen ? 0 : t.n;
+    // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled),
+    // once the consumers have released the previous tile's Q.
+    mbar_wait(sm.q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
+    if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
+      if (lane == 0)
+        tma_load_tile_sw<BM, HD>(sm.sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, sm.q_full);
+    } else {
+      const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
+      load_tile_sw_rolled<BM, HD>(sm.sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
+      cp_async_arrive_warp(sm.q_full, lane);
+    }
+    ++qi;
+    const T* kg = row_ptr<const T>(p.k, p.k_st, t.n, sq.kv_start, t.hk);
+    const T* vg = row_ptr<const T>(p.v, p.v_st, t.n, sq.kv_start, t.hk);
+    // K_j then V_j for every key block, into stage it % S once the consumers have released it.
+    for (int i = 0; i < t.nblocks; ++i, ++it) {
+      const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
+      const uint32_t empty_parity = ((it / S) & 1) ^ 1;
+      const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        uint64_t* empty = v ? &sm.v_empty[s] : &sm.k_empty[s];
+        uint64_t* fullb = v ? &sm.v_full[s] : &sm.k_full[s];
+        T* dst = (v ? sm.sV : sm.sK) + s * BN * HD;
+        mbar_wait(empty, empty_parity);
+        if (full) {
+          if (lane == 0)
+            tma_load_tile_sw<BN, HD>(dst, v ? &tma.v : &tma.k, static_cast<int>(sq.kv_start) + j0, t.hk, nbatch,
+                                     fullb);
+        } else {
+          if (v)
+            load_tile_sw_rolled<BN, HD>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, lane, 32);
+          else
+            load_tile_sw_rolled<BN, HD>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, lane, 32);
+          cp_async_arrive_warp(fullb, lane);
+        }
+        if (v == 0 && bias_smem) {
+          // kBias: the block's bias tile (queries m0 .., keys j0 ..; zeros outside the tensor) with K_j, which
+          // S_j needs too; its own ring stage, released by the consumers after their softmax step.
+          mbar_wait(&sm.b_empty[s], empty_parity);
+          if (lane == 0)
+            load_bias_tile_fwd<BM, BN>(sm.sB + s * Tr::kBiasTile, tma.bias, p, t.n, t.h, t.m0, j0, &sm.b_full[s]);
+        }
+      }
+    }
+  }
 }
 
 // kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then). kDropout: the variant
@@ -162,23 +272,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
   using Tr = FwdWsTraits<HD, NC_, kBias, kDropout>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  T* sK = sQ + BM * HD;          // [S][BN * HD]
-  T* sV = sK + S * BN * HD;      // [S][BN * HD]
-  T* sB = sV + S * BN * HD;      // kBias: [S][BM * BN]
-  uint16_t* sKeep = reinterpret_cast<uint16_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);  // kDropout: [KS][BM][BN / 16]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sKeep + Tr::kKeepStages * Tr::kKeepTile);
-  uint64_t* q_full = bars;
-  uint64_t* q_empty = bars + 1;
-  uint64_t* k_full = bars + 2;
-  uint64_t* k_empty = k_full + S;
-  uint64_t* v_full = k_empty + S;
-  uint64_t* v_empty = v_full + S;
-  uint64_t* b_full = v_empty + S;  // kBias
-  uint64_t* b_empty = b_full + S;
+  const FwdWsSmem<T, Tr> smem(smem_raw);
   constexpr int KS = Tr::kKeepStages;
-  uint64_t* keep_full = b_empty + S;  // kDropout
-  uint64_t* keep_empty = keep_full + KS;
   // kBias: the block's bias tile is staged by TMA (uniform over the launch), else each consumer thread loads its
   // fragment from global memory.
   const bool bias_smem = Tr::kBiasStages > 0 && tma.bias_ok != 0;
@@ -188,56 +283,11 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
   const int mblocks = (p.s_q + BM - 1) / BM;
   const bool heavy_last = p.window_right >= 0;
 
-  if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 4 * NC);  // one arrival per consumer warp
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&k_full[s], 1);
-      mbar_init(&v_full[s], 1);
-      mbar_init(&k_empty[s], 4 * NC);
-      mbar_init(&v_empty[s], 4 * NC);
-      if constexpr (kBias) {
-        mbar_init(&b_full[s], 1);
-        mbar_init(&b_empty[s], 4 * NC);
-      }
-    }
-    for (int s = 0; s < KS; ++s) {
-      mbar_init(&keep_full[s], Tr::kKeepThreads);
-      mbar_init(&keep_empty[s], 4 * NC);
-    }
-  }
+  if (tid == 0) smem.init_barriers();
   __syncthreads();
 
   // Everything a role needs of one tile (both roles compute it alike, so they agree on which tiles load).
-  struct Tile {
-    int h, n, hk, m0, nb_lo, nblocks;
-    SeqInfo sq;
-    bool real, padding;  // real: some row of the block lies in its sequence (else nothing to do)
-  };
-  auto tile_at = [&](int64_t L) {
-    Tile t;
-    const TileCoord tc = tile_of_linear_sectioned(static_cast<unsigned long long>(L), tile_pairs(p.h_q, p.b), mblocks,
-                                                  p.h_q, heavy_last, static_cast<unsigned long long>(p.fwd_section));
-    t.h = tc.head;
-    t.n = tc.batch;
-    const int block = tc.block;
-    t.hk = t.h / p.group;
-    t.sq = seq_info(p, t.n);
-    t.m0 = block * BM;
-    t.real = t.m0 < t.sq.rows_q;
-    t.padding = t.real && t.m0 >= t.sq.len_q;
-    t.nb_lo = 0;
-    t.nblocks = 0;
-    if (t.real && !t.padding) {
-      const Mask mk(p, t.sq);
-      int k_lo, k_hi;
-      mk.key_range(t.m0, min(t.m0 + BM, t.sq.len_q), k_lo, k_hi);
-      t.nb_lo = k_lo / BN;
-      const int nb_hi = (k_hi + BN - 1) / BN;
-      t.nblocks = nb_hi > t.nb_lo ? nb_hi - t.nb_lo : 0;
-    }
-    return t;
-  };
+  auto tile_at = [&](int64_t L) { return fwd_ws_tile<BM, BN>(p, L, mblocks, heavy_last); };
 
   if (wg == 0) {
     // ---------------- producer: one warp loads; the others give their registers away and wait at the end -------
@@ -245,65 +295,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
     setmaxnreg_dec<Tr::kProducerRegs>();
     if constexpr (kDropout) {
       if (warp != 0)
-        fwd_keep_producer<BM, BN, KS, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(p, num_tiles, tile_at, sKeep,
-                                                                                 keep_full, keep_empty, tid - 32);
+        fwd_keep_producer<BM, BN, KS, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
+            p, num_tiles, tile_at, smem.sKeep, smem.keep_full, smem.keep_empty, tid - 32);
     }
-    if (warp == 0) {
-      int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
-      int qi = 0;  // Q tiles loaded so far
-      for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
-        const Tile t = tile_at(L);
-        if (t.nblocks == 0) continue;
-        const SeqInfo& sq = t.sq;
-        const int nbatch = p.varlen ? 0 : t.n;
-        // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled),
-        // once the consumers have released the previous tile's Q.
-        mbar_wait(q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
-        if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
-          if (lane == 0)
-            tma_load_tile_sw<BM, HD>(sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, q_full);
-        } else {
-          const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
-          load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
-          cp_async_arrive_warp(q_full, lane);
-        }
-        ++qi;
-        const T* kg = row_ptr<const T>(p.k, p.k_st, t.n, sq.kv_start, t.hk);
-        const T* vg = row_ptr<const T>(p.v, p.v_st, t.n, sq.kv_start, t.hk);
-        // K_j then V_j for every key block, into stage it % S once the consumers have released it.
-        for (int i = 0; i < t.nblocks; ++i, ++it) {
-          const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
-          const uint32_t empty_parity = ((it / S) & 1) ^ 1;
-          const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            uint64_t* empty = v ? &v_empty[s] : &k_empty[s];
-            uint64_t* fullb = v ? &v_full[s] : &k_full[s];
-            T* dst = (v ? sV : sK) + s * BN * HD;
-            mbar_wait(empty, empty_parity);
-            if (full) {
-              if (lane == 0)
-                tma_load_tile_sw<BN, HD>(dst, v ? &tma.v : &tma.k, static_cast<int>(sq.kv_start) + j0, t.hk, nbatch,
-                                         fullb);
-            } else {
-              if (v)
-                load_tile_sw_rolled<BN, HD>(dst, vg + j0 * p.v_st.s, p.v_st.s, sq.len_kv - j0, p.d_v, lane, 32);
-              else
-                load_tile_sw_rolled<BN, HD>(dst, kg + j0 * p.k_st.s, p.k_st.s, sq.len_kv - j0, p.d, lane, 32);
-              cp_async_arrive_warp(fullb, lane);
-            }
-            if (v == 0 && bias_smem) {
-              // kBias: the block's bias tile (queries m0 .., keys j0 ..; zeros outside the tensor) with K_j, which
-              // S_j needs too; its own ring stage, released by the consumers after their softmax step.
-              mbar_wait(&b_empty[s], empty_parity);
-              if (lane == 0)
-                tma_load_tile_sw<BM, BN>(sB + s * Tr::kBiasTile, &tma.bias, t.m0, p.bias_shape_h == 1 ? 0 : t.h,
-                                         p.bias_shape_b == 1 ? 0 : t.n, &b_full[s], j0);
-            }
-          }
-        }
-      }
-    }
+    if (warp == 0) fwd_ws_load<T, Tr>(p, tma, smem, tile_at, num_tiles, lane, bias_smem);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();
@@ -318,14 +313,14 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       if (lane == 0) mbar_arrive(bar);
     };
     auto full_parity = [](int it) { return static_cast<uint32_t>((it / S) & 1); };
-    const T* sQ_wg = sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
+    const T* sQ_wg = smem.sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
     int it = 0, qi = 0;
     // The turns run round robin over every tile of the block (each consumer takes nblocks + 1 turns per tile), so
     // a consumer can never arrive twice at a barrier whose phase is still open: consumer NC - 1 opens the first
     // turn here and consumer 0 takes its last arrival after the loop.
     if (c == NC - 1) named_bar_arrive(1, 256);
     for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
-      const Tile t = tile_at(L);
+      const FwdWsTile t = tile_at(L);
       if (!t.real) continue;
       const SeqInfo& sq = t.sq;
       const int h = t.h, n = t.n, m0 = t.m0, nb_lo = t.nb_lo, nblocks = t.nblocks;
@@ -344,20 +339,20 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
       zero_acc(acc);
 
       if (nblocks > 0) {
-        mbar_wait(q_full, qi & 1);
+        mbar_wait(smem.q_full, qi & 1);
 
         // The steps of fwd_sm90_mainloop.cuh on the key block of ring position k_it / v_it (stage % S; the
         // softmax step takes the block's index i within the tile).
         auto issue_s = [&](float (&s)[NT][4], int k_it) {
-          fwd_issue_s<T, BM, HD>(s, sQ_wg, sK + (k_it % S) * BN * HD);
+          fwd_issue_s<T, BM, HD>(s, sQ_wg, smem.sK + (k_it % S) * BN * HD);
         };
         auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
-          fwd_issue_pv<T>(acc, ap, sV + (v_it % S) * BN * HD);
+          fwd_issue_pv<T>(acc, ap, smem.sV + (v_it % S) * BN * HD);
         };
         // kBias with 2 consumers: the block's bias, read into registers after its S is issued and before it is
         // waited for: from the staged tile (bias_smem) or from global memory. With 3 (128 registers a thread) the 32
-        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, fifth
-        // session): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
+        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, H200,
+        // 299693c): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
         // A staged tile's buffer is released after the softmax step.
         constexpr bool kPrefetch = kBias && NC == 2;
         // kDropout: the keep bits of slices nt < kCS of block i, drawn after its S is issued and before it is waited
@@ -372,9 +367,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         const auto bias_off = [](int r, int cc) { return sw_offset<BM>(r, cc); };
         BiasSmemView<T, NT, false, decltype(bias_off)> bias_view(bias_off);
         auto stage_bias = [&](int i) {  // waits for block i's staged tile (ring position it + i), views it
-          const int bi = it + i;
-          mbar_wait(&b_full[bi % S], full_parity(bi));
-          bias_view.bind(sB + (bi % S) * Tr::kBiasTile, c * 64 + wl * 16, 0, lane);
+          stage_bias_fwd<Tr>(bias_view, smem.sB, smem.b_full, it + i, c * 64 + wl * 16, lane);
         };
         auto prefetch_bias = [&](int i) {
           if constexpr (kPrefetch) {
@@ -396,31 +389,10 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
                                                  kPrefetch ? &bias : nullptr);
           }
           if constexpr (kBias) {
-            if (bias_smem) release(&b_empty[(it + i) % S]);
+            if (bias_smem) release(&smem.b_empty[(it + i) % S]);
           }
-          if constexpr (kDropout) {
-            // P * keep / (1 - p) for the P V product (s keeps the undropped P / (1 - p) up to here: l has summed
-            // it): slices nt < kCS from own_keep (drawn by this thread, bit 4 nt + e), the others from the producer's
-            // words: the thread's rows g, g + 8 of its warp, keys 8 nt + 2 t + (e & 1) of block i (words shifted by
-            // 2 t; word 0, keys 0 .. 63, only where the producer drew some of them).
-            const int ki = it + i, ks = ki % KS;
-            mbar_wait(&keep_full[ks], static_cast<uint32_t>((ki / KS) & 1));
-            const uint16_t* kr = sKeep + ks * Tr::kKeepTile + (c * 64 + wl * 16 + (lane >> 2)) * Tr::kKeepChunks;
-            static_assert(BN == 128, "two 64-bit words of keep bits per row");
-            const uint64_t* k0 = reinterpret_cast<const uint64_t*>(kr);
-            const uint64_t* k8 = reinterpret_cast<const uint64_t*>(kr + 8 * Tr::kKeepChunks);
-            const int sh = 2 * (lane & 3);
-            constexpr bool kWord0 = kCS < 8;
-            const uint64_t w[2][2] = {{kWord0 ? k0[0] >> sh : 0, k0[1] >> sh}, {kWord0 ? k8[0] >> sh : 0, k8[1] >> sh}};
-            release(&keep_empty[ks]);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const bool kept = nt < kCS ? (own_keep >> (4 * nt + e)) & 1u
-                                           : (w[e >> 1][nt >> 3] >> (8 * (nt & 7) + (e & 1))) & 1u;
-                if (!kept) s[nt][e] = 0.f;
-              }
+          if constexpr (kDropout) {  // P * keep / (1 - p) for the P V product (keep_producers.cuh)
+            drop_p_fwd<Tr>(s, own_keep, smem.sKeep, smem.keep_full, smem.keep_empty, it + i, c, wl, lane, release);
           }
         };
 
@@ -429,7 +401,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         uint32_t ap[BN / 16][4];
         {
           float s[NT][4];
-          mbar_wait(&k_full[it % S], full_parity(it));
+          mbar_wait(&smem.k_full[it % S], full_parity(it));
           my_turn();
           wgmma_fence();
           issue_s(s, it);
@@ -438,7 +410,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           draw_keep(0);
           wgmma_wait<0>();
           fence_acc(s);
-          release(&k_empty[it % S]);
+          release(&smem.k_empty[it % S]);
           float alpha[2];
           softmax(s, alpha, 0);  // O = 0: alpha not needed
           pack_a_frags<T>(s, ap);
@@ -446,8 +418,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         for (int i = 1; i < nblocks; ++i) {
           const int cur = it + i, prev = it + i - 1;
           float s[NT][4];
-          mbar_wait(&k_full[cur % S], full_parity(cur));
-          mbar_wait(&v_full[prev % S], full_parity(prev));
+          mbar_wait(&smem.k_full[cur % S], full_parity(cur));
+          mbar_wait(&smem.v_full[prev % S], full_parity(prev));
           my_turn();
           wgmma_fence();
           issue_s(s, cur);
@@ -457,25 +429,25 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           draw_keep(i);
           wgmma_wait<1>();
           fence_acc(s);
-          release(&k_empty[cur % S]);
+          release(&smem.k_empty[cur % S]);
           float alpha[2];
           softmax(s, alpha, i);
           wgmma_wait<0>();
           fence_acc(acc);
-          release(&v_empty[prev % S]);
+          release(&smem.v_empty[prev % S]);
           rescale_rows(acc, alpha);
           pack_a_frags<T>(s, ap);
         }
         const int last = it + nblocks - 1;
-        mbar_wait(&v_full[last % S], full_parity(last));
+        mbar_wait(&smem.v_full[last % S], full_parity(last));
         my_turn();
         wgmma_fence();
         issue_pv(ap, last);
         pass_turn();
         wgmma_wait<0>();
         fence_acc(acc);
-        release(&v_empty[last % S]);
-        release(q_empty);  // every wgmma of this tile that reads Q has retired
+        release(&smem.v_empty[last % S]);
+        release(smem.q_empty);  // every wgmma of this tile that reads Q has retired
         it += nblocks;
         ++qi;
       }
