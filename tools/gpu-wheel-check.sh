@@ -7,6 +7,9 @@
 #                              training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first steps
 #                              checked against eager, then 100 steps)
 #   WHEEL_STEPS="torch"        the PyTorch tests on the GPU (tools/gpu-torch-check.sh)
+#   WHEEL_STEPS="suite"        the C++ GPU programs of the same CMake build (build/tests/gpu, carried with dist: they
+#                              link the wheel's libsinkattn.so) through tools/gpu-check.sh, its steps in SUITE_STEPS
+#                              (default "suite concurrency decode sanitizer determinism"), logs in $OUT/cpp
 # Logs go to $OUT (default ./gpu-check-out): wheel_install.log wheel_info.log pytest.log wheel_hf.log
 # torch_pytest.log, and lines in summary.txt.
 set -u
@@ -56,6 +59,11 @@ if has hf; then
   rc=$?; [ $rc -eq 0 ] || status=1
   note "HF GPT-OSS training from the wheel (GPU, 100 steps): rc=$rc"
   grep -E "check:|held-out loss .* ->|train loss|GPT-OSS" "$OUT/wheel_hf.log" | tee -a "$SUMMARY"
+fi
+if has suite; then
+  LD_LIBRARY_PATH=$SITE/sinkattn/lib:$SITE/sinkattn.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} BUILD_DIR=build \
+    STEPS=${SUITE_STEPS:-"suite concurrency decode sanitizer determinism"} OUT=$OUT/cpp tools/gpu-check.sh || status=1
+  sed 's/^/cpp: /' "$OUT/cpp/summary.txt" >>"$SUMMARY"
 fi
 if has torch; then
   SITE_DIR=$SITE TORCH_STEPS=pytest OUT=$OUT PYTHON=$PY tools/gpu-torch-check.sh || status=1
