@@ -407,7 +407,7 @@ TEST(MaskedValues, NanInInvisibleKeyDoesNotLeak) {
 // too, since the plain low-precision implementation of SPEC.md section 5 computes dP and D in fp32 from the same
 // products (out = v exactly) and so cancels exactly as well (lowp_err = 0; only the former emulation, which
 // rounded dP to the input dtype, gave slack here). No fp32 evaluation of dP - D in another summation order
-// meets that (reported to the lead). So the SPEC.md section 5 table is asserted for every output except the ones
+// meets that. So the SPEC.md section 5 table is asserted for every output except the ones
 // whose reference is exactly 0; those are bounded absolutely: noise far below the scale of dv. (The GPU suite's
 // CUDA-vs-CPU comparison flagged such calls, seed 777 #110/#350/#369 and seed 12345 #147/#239/#359: both
 // backends return noise there; the suite bounds them the same way.)
