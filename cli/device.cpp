@@ -24,6 +24,8 @@ size_t tensor_bytes(const sinkattn_tensor_t& t) {
   return static_cast<size_t>(last + 1) * static_cast<size_t>(kSize[t.dtype]);
 }
 
+#ifdef SINKATTN_CLI_WITH_CUDA
+
 namespace {
 // Every sinkattn_tensor_t field, by capture / result name.
 const std::vector<std::string>& all_field_names() {
@@ -34,11 +36,7 @@ const std::vector<std::string>& all_field_names() {
   }();
   return names;
 }
-}  // namespace
 
-#ifdef SINKATTN_CLI_WITH_CUDA
-
-namespace {
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw DeviceError(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
 }

@@ -11,7 +11,10 @@ namespace sinkattn::cli {
 namespace {
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(s[i]);
+  }
   return r + "]";
 }
 void print_indented(const std::string& text) {

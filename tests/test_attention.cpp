@@ -161,7 +161,9 @@ TEST(BiasPadded, PaddingGetsNoGradient) {
   for (int64_t h = 0; h < c.h_q; ++h)
     for (int64_t i = 0; i < 16; ++i)
       for (int64_t j = 0; j < 16; ++j)
-        if (i >= 7 || j >= 5) ASSERT_EQ(at(db, {1, h, i, j}), 0.0) << h << " " << i << " " << j;
+        if (i >= 7 || j >= 5) {
+          ASSERT_EQ(at(db, {1, h, i, j}), 0.0) << h << " " << i << " " << j;
+        }
 }
 
 // A -inf bias over a whole row: the row sees no key (SPEC.md section 3).
@@ -449,7 +451,9 @@ TEST(SingleKey, VanillaGradientsCancel) {
       const ref::Result& r64 = judges.ref64;
       ASSERT_EQ(max_abs(r64.dq), 0.0);
       ASSERT_EQ(max_abs(r64.dk), 0.0);
-      if (!c.bias.empty()) ASSERT_EQ(max_abs(r64.d_bias), 0.0);
+      if (!c.bias.empty()) {
+        ASSERT_EQ(max_abs(r64.d_bias), 0.0);
+      }
       const auto rows = ref::error_table(act, judges, dt);
       for (const auto& r : rows) {
         const bool zero_ref = r.name == "dq" || r.name == "dk" || r.name == "d_bias";
@@ -460,7 +464,9 @@ TEST(SingleKey, VanillaGradientsCancel) {
       ASSERT_GT(scale, 1.0);
       EXPECT_LE(max_abs(act.dq), 1e-5 * scale);
       EXPECT_LE(max_abs(act.dk), 1e-5 * scale);
-      if (!c.bias.empty()) EXPECT_LE(max_abs(act.d_bias), 1e-5 * scale);
+      if (!c.bias.empty()) {
+        EXPECT_LE(max_abs(act.d_bias), 1e-5 * scale);
+      }
     }
 }
 

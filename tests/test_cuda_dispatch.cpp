@@ -480,8 +480,9 @@ TEST(CudaDispatch, WideTilesForwardOnHopper) {
     EXPECT_TRUE(k.fwd_tma) << d;
     EXPECT_TRUE(has(k.summary(Pass::kForward), "tile 128 x 64, TMA")) << k.summary(Pass::kForward);
     EXPECT_EQ(k.dkdv, d <= 192 ? DkvKernel::kSm80 : DkvKernel::kSm90) << d;
-    if (d <= 192)
+    if (d <= 192) {
       EXPECT_TRUE(has(k.summary(Pass::kBackward), "no Hopper kernel for head-dim tile")) << k.summary(Pass::kBackward);
+    }
     // DeepSeek-style d 192, d_v 128: the tile of the larger.
     Call mla = c;
     mla.d = 192;

@@ -433,7 +433,9 @@ void poisoned_invisible_inputs(const json&, Problem& pb) {
       for (int64_t i = 0; i < c.s_q; ++i) {
         const double x = at(lse, {n, h, i});
         EXPECT_FALSE(std::isnan(x) || x == INFINITY) << "padding LSE must be finite or -inf";
-        if (i < pb.len_q(n)) EXPECT_EQ(x, at(l0, {n, h, i}));
+        if (i < pb.len_q(n)) {
+          EXPECT_EQ(x, at(l0, {n, h, i}));
+        }
       }
   const ref::Array out = dirty.out.read(), dk = dirty.dk.read(), dv = dirty.dv.read(), dq = dirty.dq.read();
   for (int64_t n = 0; n < c.b; ++n) {

@@ -38,7 +38,9 @@ void expect_same_values(const ref::Result& a, const ref::Result& b, const std::s
     EXPECT_EQ(ref::relative_error(a.dk, b.dk), 0) << what << " dk";
     EXPECT_EQ(ref::relative_error(a.dv, b.dv), 0) << what << " dv";
   }
-  if (!b.d_sinks.empty()) EXPECT_LE(ref::relative_error(a.d_sinks, b.d_sinks), 1e-6) << what << " d_sinks";
+  if (!b.d_sinks.empty()) {
+    EXPECT_LE(ref::relative_error(a.d_sinks, b.d_sinks), 1e-6) << what << " d_sinks";
+  }
 }
 
 using LayoutParam = std::tuple<Layout, sinkattn_dtype_t>;

@@ -197,8 +197,11 @@ TEST(Reference, MaskVisibility) {
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 6; ++j) {
       const double w = r.out.data[i * 8 + j];
-      if (j == i + 2 || j == i + 3) EXPECT_GT(w, 0) << i << "," << j;
-      else EXPECT_EQ(w, 0) << i << "," << j;
+      if (j == i + 2 || j == i + 3) {
+        EXPECT_GT(w, 0) << i << "," << j;
+      } else {
+        EXPECT_EQ(w, 0) << i << "," << j;
+      }
     }
 }
 

@@ -58,15 +58,21 @@ Config varlen_config() {
 void expect_same_forward(const Problem& a, const Problem& b) {
   EXPECT_EQ(a.out.bytes(), b.out.bytes());
   EXPECT_EQ(a.lse.bytes(), b.lse.bytes());
-  if (a.rng_state.present()) EXPECT_EQ(a.rng_state.bytes(), b.rng_state.bytes());
+  if (a.rng_state.present()) {
+    EXPECT_EQ(a.rng_state.bytes(), b.rng_state.bytes());
+  }
 }
 
 void expect_same_backward(const Problem& a, const Problem& b) {
   EXPECT_EQ(a.dq.bytes(), b.dq.bytes());
   EXPECT_EQ(a.dk.bytes(), b.dk.bytes());
   EXPECT_EQ(a.dv.bytes(), b.dv.bytes());
-  if (a.d_sinks.present()) EXPECT_EQ(a.d_sinks.bytes(), b.d_sinks.bytes());
-  if (a.d_bias.present()) EXPECT_EQ(a.d_bias.bytes(), b.d_bias.bytes());
+  if (a.d_sinks.present()) {
+    EXPECT_EQ(a.d_sinks.bytes(), b.d_sinks.bytes());
+  }
+  if (a.d_bias.present()) {
+    EXPECT_EQ(a.d_bias.bytes(), b.d_bias.bytes());
+  }
 }
 
 class RunAlloc : public ::testing::TestWithParam<bool> {};  // varlen (with rows of no sequence and dropout) or dense
@@ -76,7 +82,9 @@ TEST_P(RunAlloc, SameOutputsAsSizeQueryAndRun) {
   const int32_t cls = GetParam() ? 1 : 0;  // the existing path clears the unowned rows itself
   Problem ref_pb(c), pb(c);
   ASSERT_EQ(ref_pb.forward(), SINKATTN_OK) << sinkattn_last_error();
-  if (cls) ASSERT_EQ(sinkattn_clear_unowned_rows(&ref_pb.p, 0), SINKATTN_OK) << sinkattn_last_error();
+  if (cls) {
+    ASSERT_EQ(sinkattn_clear_unowned_rows(&ref_pb.p, 0), SINKATTN_OK) << sinkattn_last_error();
+  }
   size_t fwd_bytes = 0, bwd_bytes = 0;
   ASSERT_EQ(sinkattn_forward_workspace_size(&pb.p, &fwd_bytes), SINKATTN_OK);
   ASSERT_EQ(sinkattn_backward_workspace_size(&pb.p, &bwd_bytes), SINKATTN_OK);
@@ -94,7 +102,9 @@ TEST_P(RunAlloc, SameOutputsAsSizeQueryAndRun) {
   expect_same_forward(ref_pb, pb);
 
   ASSERT_EQ(ref_pb.backward(), SINKATTN_OK) << sinkattn_last_error();
-  if (cls) ASSERT_EQ(sinkattn_clear_unowned_rows(&ref_pb.p, 1), SINKATTN_OK) << sinkattn_last_error();
+  if (cls) {
+    ASSERT_EQ(sinkattn_clear_unowned_rows(&ref_pb.p, 1), SINKATTN_OK) << sinkattn_last_error();
+  }
   arena.requests.clear();
   pb.poison_backward_outputs();
   ASSERT_EQ(sinkattn_backward_alloc(&pb.p, &Arena::alloc, &arena, cls ? SINKATTN_RUN_CLEAR_UNOWNED_ROWS : 0u),

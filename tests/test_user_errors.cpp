@@ -75,7 +75,9 @@ TEST_P(UserErrors, MessageNamesTheArgument) {
   c.d_lse = true;
   if (mk.config) mk.config(c);
   Problem pb(c);
-  if (mk.backward) ASSERT_EQ(pb.forward(), SINKATTN_OK) << sinkattn_last_error();
+  if (mk.backward) {
+    ASSERT_EQ(pb.forward(), SINKATTN_OK) << sinkattn_last_error();
+  }
   if (mk.mutate) mk.mutate(pb);
   std::vector<unsigned char> ws(1 << 20, 0xff);
   pb.p.workspace = ws.data();
@@ -88,7 +90,9 @@ TEST_P(UserErrors, MessageNamesTheArgument) {
   EXPECT_EQ(msg.rfind(mk.prefix, 0), 0u) << "message: " << msg << "\nwanted it to start with: " << mk.prefix;
   for (const char* a : mk.also) EXPECT_NE(msg.find(a), std::string::npos) << msg;
   EXPECT_EQ(msg.find("cpu: cpu:"), std::string::npos) << msg;
-  if (!mk.backward) EXPECT_TRUE(pb.out.bytes() == out0) << "out was written";
+  if (!mk.backward) {
+    EXPECT_TRUE(pb.out.bytes() == out0) << "out was written";
+  }
   // the size query says the same
   size_t bytes = 0;
   EXPECT_EQ(mk.backward ? sinkattn_backward_workspace_size(&pb.p, &bytes) : sinkattn_forward_workspace_size(&pb.p, &bytes),

@@ -197,7 +197,7 @@ struct Call {
        const OptTensor& seqlens_q, const OptTensor& seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
        int64_t softmax_type, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
        int64_t mask_alignment, double dropout_p, bool deterministic, bool trust_device_batch_tensors)
-      : dev(q), view{dev} {
+      : dev(q), view{dev, std::nullopt} {
     sinkattn_params_init(&p);
     where.place(dev, &p);
     input(k, "k", &p.k);

@@ -273,8 +273,12 @@ TEST_P(CaptureVariant, HostCallHasSpecShapesAndPoisonedOutputs) {
   EXPECT_EQ(p.q.data, c.at("q").bytes.data());
   EXPECT_EQ(p.k.data, c.at("k").bytes.data());
   EXPECT_EQ(p.v.data, c.at("v").bytes.data());
-  if (call.backward) EXPECT_EQ(p.d_out.data, c.at("d_out").bytes.data());
-  if (c.paged()) EXPECT_EQ(p.page_table.data, c.at("page_table").bytes.data());
+  if (call.backward) {
+    EXPECT_EQ(p.d_out.data, c.at("d_out").bytes.data());
+  }
+  if (c.paged()) {
+    EXPECT_EQ(p.page_table.data, c.at("page_table").bytes.data());
+  }
   EXPECT_EQ(p.q.rank, static_cast<int32_t>(q.size()));
   EXPECT_EQ(p.q.strides[q.size() - 1], 1);
   EXPECT_EQ(p.softmax_type, v.options.softmax_type);
