@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
 cuda=OFF; command -v nvcc >/dev/null && cuda=ON
-tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda
+# SINKATTN_WARNINGS_AS_ERRORS: a new compiler warning in the project's code fails CI (cmake/warnings.cmake).
+tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda -DSINKATTN_WARNINGS_AS_ERRORS=ON
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 tools/ci-sanitizers.sh  # the CPU backend under ASan + UBSan (its CTest suites) and TSan (the concurrency test)
 tools/test-wheel.sh
