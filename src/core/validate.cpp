@@ -135,8 +135,6 @@ BiasStrides bias_strides(const sinkattn_tensor_t& t) {
 
 bool is_float_dtype(int32_t t) { return t == SINKATTN_F32 || t == SINKATTN_F16 || t == SINKATTN_BF16; }
 
-const int32_t* host_i32(const sinkattn_tensor_t& t) { return static_cast<const int32_t*>(t.data); }
-
 // A batch tensor's int32 entries as host memory: the caller's pointer when the tensor is in host memory, else a
 // copy of the span it covers read by device_to_host (ordered on the call's stream). `ok` is false when device
 // contents cannot be read now (the stream is being captured into a CUDA graph): they are then not checked.

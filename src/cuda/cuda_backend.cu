@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -166,13 +165,11 @@ Workspace workspace_layout(const Call& c, const cuda::KernelChoice& kc) {
   return w;
 }
 
-RowStrides empty_rows() { return RowStrides{}; }
 cuda::RowStrides3 rs(const RowStrides& r) { return {r.b, r.s, r.h}; }
 
 Params make_params(const Call& c, const Workspace& w) {
   const sinkattn_params_t& p = *c.p;
-  Params k;
-  std::memset(&k, 0, sizeof(k));
+  Params k{};  // every field zero (null pointers, no bias / dropout / paging) until set below
   const bool bwd = c.pass == Pass::kBackward;
   k.q = p.q.data;
   k.k = p.k.data;
@@ -396,7 +393,6 @@ class CudaBackend final : public Backend {
       if (span >= (int64_t{1} << 31) || c.paged.page_size >= (int64_t{1} << 30))
         return unsupported("page_table: spans 2^31 or more entries (or page_size >= 2^30)");
     }
-    (void)empty_rows;
     return Status::ok();
   }
 

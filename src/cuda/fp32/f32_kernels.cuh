@@ -31,6 +31,13 @@
 #else
 #define F32_HD inline
 #endif
+// `#pragma unroll` of the device code: these functions are compiled for the host too, whose compiler has no such
+// pragma.
+#if defined(__CUDA_ARCH__)
+#define F32_UNROLL _Pragma("unroll")
+#else
+#define F32_UNROLL
+#endif
 
 namespace sinkattn::cuda_f32 {
 
@@ -215,7 +222,7 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
       float sc[kKeyChunk];
       const float* kr[kKeyChunk];  // the chunk's key and value rows (kv_row; invisible ones are never read)
       const float* vr[kKeyChunk];
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj) {
         sc[jj] = 0.f;
         const bool vis = jj >= ja && jj < je;
@@ -225,12 +232,12 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
       // dot(q_i, k_j) for the chunk's visible keys; the other rows are not read.
       for (int64_t c = 0; c < p.d; ++c) {
         const float qc = qr[c];
-#pragma unroll
+F32_UNROLL
         for (int jj = 0; jj < kKeyChunk; ++jj)
           if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kr[jj][c], sc[jj]);
       }
       float mx = m;
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj) {
         if ((jj >= ja && jj < je)) {
           float sv = sc[jj] * p.scale;
@@ -245,7 +252,7 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
       const float alpha = expf(m - mx);  // m = -inf -> 0 (mx is finite here)
       float psum = 0.f;
       float pw[kKeyChunk];
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj) {
         const float pv = (jj >= ja && jj < je) ? expf(sc[jj] - mx) : 0.f;
         psum += pv;
@@ -256,7 +263,7 @@ F32_HD void forward_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
       m = mx;
       for (int64_t c = 0; c < p.d_v; ++c) {
         float a = acc[c] * alpha;
-#pragma unroll
+F32_UNROLL
         for (int jj = 0; jj < kKeyChunk; ++jj)
           if ((jj >= ja && jj < je)) a = fmaf(pw[jj], vr[jj][c], a);
         acc[c] = a;
@@ -367,21 +374,21 @@ F32_HD void dq_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
     const int je = static_cast<int>(hi - j0 < kKeyChunk ? hi - j0 : kKeyChunk);
     float sc[kKeyChunk];
     double dp[kKeyChunk];
-#pragma unroll
+F32_UNROLL
     for (int jj = 0; jj < kKeyChunk; ++jj) sc[jj] = 0.f, dp[jj] = 0.0;
     for (int64_t c = 0; c < p.d; ++c) {
       const float qc = qr[c];
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj)
         if ((jj >= ja && jj < je)) sc[jj] = fmaf(qc, kb[(j0 + jj) * p.k_st.s + c], sc[jj]);
     }
     for (int64_t c = 0; c < p.d_v; ++c) {
       const double gc = gr[c];
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj)
         if ((jj >= ja && jj < je)) dp[jj] = fma(gc, static_cast<double>(vb[(j0 + jj) * p.v_st.s + c]), dp[jj]);
     }
-#pragma unroll
+F32_UNROLL
     for (int jj = 0; jj < kKeyChunk; ++jj) {
       float dS = 0.f;
       if ((jj >= ja && jj < je)) {
@@ -396,7 +403,7 @@ F32_HD void dq_row(const KParams& p, int64_t n, int64_t h, int64_t i) {
     }
     for (int64_t c = 0; c < p.d; ++c) {
       float a = acc[c];
-#pragma unroll
+F32_UNROLL
       for (int jj = 0; jj < kKeyChunk; ++jj)
         if ((jj >= ja && jj < je)) a = fmaf(sc[jj], kb[(j0 + jj) * p.k_st.s + c], a);
       acc[c] = a;
@@ -442,7 +449,7 @@ F32_HD void dkdv_key(const KParams& p, int64_t n, int64_t g, int64_t j) {
           const int ra = static_cast<int>(lo > i0 ? lo - i0 : 0);
           const int re = static_cast<int>(hi - i0 < kRowChunk ? hi - i0 : kRowChunk);
           float wk[kRowChunk], wv[kRowChunk];  // dS_ij and P_ij keep_ij / (1 - p) of the chunk's rows
-#pragma unroll
+F32_UNROLL
           for (int rr = 0; rr < kRowChunk; ++rr) {
             wk[rr] = wv[rr] = 0.f;
             if (rr < ra || rr >= re) continue;
@@ -464,14 +471,14 @@ F32_HD void dkdv_key(const KParams& p, int64_t n, int64_t g, int64_t j) {
           }
           for (int64_t c = 0; c < p.d; ++c) {
             float a = ak[c];
-#pragma unroll
+F32_UNROLL
             for (int rr = 0; rr < kRowChunk; ++rr)
               if (rr >= ra && rr < re) a = fmaf(wk[rr], qb[(i0 + rr) * p.q_st.s + c], a);
             ak[c] = a;
           }
           for (int64_t c = 0; c < p.d_v; ++c) {
             float a = av[c];
-#pragma unroll
+F32_UNROLL
             for (int rr = 0; rr < kRowChunk; ++rr)
               if (rr >= ra && rr < re) a = fmaf(wv[rr], gb[(i0 + rr) * p.dout_st.s + c], a);
             av[c] = a;
