@@ -110,8 +110,8 @@ struct BiasPrefetch {
 
 // A bias tile staged in shared memory (the TMA-staged bias of the Hopper kernels: rows = queries, columns = keys, the
 // bias's own layout, 16-bit elements), read where make_logits uses it: for kernels with no registers to hold the
-// tile's words (the Hopper dK dV kernel at head dim 128, the warp-specialised forward with 3 consumers); the others
-// read every word first (BiasPrefetch::load_smem). Both read four words per ldmatrix (words4). Off: the staged tile's
+// tile's words (the Hopper dK dV kernel at head dim 128); the others read every word first
+// (BiasPrefetch::load_smem). Both read four words per ldmatrix (words4). Off: the staged tile's
 // element offset of (r, c), e.g. sm90::sw_offset, evaluated per 16-byte chunk (c a multiple of 8: its swizzle is not
 // linear in the column, chunk ^ (row % 8), but keeps a chunk's 8 elements together). Elements outside
 // the tensor were zero-filled by TMA; those past a sequence's end are the bias's own (make_logits never uses them:

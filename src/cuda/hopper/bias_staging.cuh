@@ -8,7 +8,7 @@
 //     buffers, each step's tile loaded with its Q / dO on the same mbarrier and read into registers while S^T / dP^T
 //     run; at 128 one buffer loaded a step ahead on its own mbarrier and read where make_logits uses it.
 //   Warp-specialised forward (fwd_sm90_ws.cuh): the producer loads each key block's tile with its K into a ring
-//     stage of its own (b_full / b_empty); 2 consumers read it into registers after S is issued, 3 where used.
+//     stage of its own (b_full / b_empty); the 2 consumers read it into registers after S is issued.
 #pragma once
 
 #include <cuda.h>

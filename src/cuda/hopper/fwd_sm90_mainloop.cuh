@@ -59,11 +59,11 @@ __device__ __forceinline__ void fwd_issue_pv(float (&acc)[NO][4], const uint32_t
 
 // Mask / scale and the online-softmax step of the key block starting at key j0, for the warp whose 16 query rows
 // start at row_w (within the sequence): s becomes P, alpha the factors for O. Interior tiles keep the raw Q.K
-// products and fold the scale into the exp2 argument (OnlineSoftmax::step). kBias: the kernel variant for calls with a
-// bias (make_logits adds it, from pre when the kernel prefetched it (a BiasPrefetch) or staged it (a BiasSmemView);
-// on a fully visible fragment it leaves softmax_scale * s + bias in natural units and log2(e) to the step).
-// kScaledP: P comes out multiplied by 1 / (1 - p) (OnlineSoftmax::step_scaled; the dropout forward, whose row
-// state init was given rscale = 1 / (1 - p)).
+// products and fold the scale into the exp2 argument (OnlineSoftmax::step). kBias: the kernel variant for calls with
+// a bias (make_logits adds it, from pre: the BiasPrefetch the kernel read the block's bias into, from the staged tile
+// or from global memory; on a fully visible fragment it leaves softmax_scale * s + bias in natural units and log2(e)
+// to the step). kScaledP: P comes out multiplied by 1 / (1 - p) (OnlineSoftmax::step_scaled; the dropout forward,
+// whose row state init was given rscale = 1 / (1 - p)).
 template <typename T, bool kBias = false, bool kScaledP = false, int NT, typename Pre = BiasPrefetch<T, NT>>
 __device__ __forceinline__ void fwd_softmax_step(OnlineSoftmax<NT>& sm, float (&s)[NT][4], float (&alpha)[2],
                                                  const Params& p, const Mask& mk, int n, int h, int row_w, int j0,

@@ -19,9 +19,10 @@
 //   - epilogue: out = O / l, LSE = (m + log2 l) ln 2 through fwd_store_rows (epilogue.cuh), as every forward;
 //   - kDropout: the keep bits of every key block come from two places: the consumers draw those of their fragment's
 //     first kConsumerSlices 8-key slices while S and P V run (Dropout::keep_bits), warps 1 .. 3 of the producer
-//     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are
-//     what this variant spends its time on (bench/RESULTS.md, 2026-12-02, H200, 1651c86: with the producer alone
-//     it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split measured).
+//     warpgroup those of the other keys into a ring in shared memory (fwd_keep_producer). The Philox blocks are what
+//     this variant spends its time on (bench/log/2026-12-02-dropout-forward-hopper.md, H200, 1651c86: with the
+//     producer alone it was slower than the sm_80 kernel; 10 of 16 slices in the consumers was the fastest split
+//     measured).
 // Tiles (kBlockM query rows of one (sequence, head)) in scheduler.hpp's longest-first order over the whole launch (in
 // L2 sections of p.fwd_section heads):
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
@@ -29,8 +30,8 @@
 // per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
 // This file: the traits, the shared-memory layout (FwdWsSmem), the tile order (fwd_ws_tile), the producer warp's
 // loads (fwd_ws_load) and the kernel (the consumers' pipeline and epilogue). The keep producer and the consumers'
-// side of its handover: keep_producers.cuh; the staged bias tiles: bias_staging.cuh; the tensor maps (Sm90FwdTma):
-// fwd_sm90.cuh.
+// side of its handover: keep_producers.cuh; the staged bias tiles: bias_staging.cuh; the consumers' per-key-block steps
+// and the tensor maps (Sm90FwdTma): fwd_sm90_mainloop.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -63,12 +64,13 @@ struct FwdWsTraits {
   // warpgroup takes (setmaxnreg, within the block's launch allocation: 168 a thread at 384 threads).
   static constexpr int kProducerRegs = kDropout_ ? tiles::sm90_ws_dropout_producer_regs(HD) : 24;
   static constexpr int kConsumerRegs = kDropout_ ? (168 * 3 - kProducerRegs) / 2 : kNC == 2 ? 240 : 160;
+  static_assert(!kBias_ || kNC == 2, "bias: 2 consumers (tiles::sm90_ws_bias_consumers)");
   static_assert(!kDropout_ || (kNC == 2 && kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
                                kProducerRegs * 128 + kConsumerRegs * 256 <= 168 * kThreads),
                 "dropout: 2 consumers, registers within the launch allocation");
   // kBias: the bias tiles staged by TMA (Sm90FwdTma::bias_ok), sB [S][kBlockM * kBlockN] in the swizzled row-panel
-  // layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most), 184.1 KiB with 3
-  // consumers at 64.
+  // layout (rows = queries), a ring beside K's; 225.1 KiB in all at head dim 128 (227 the most). Always 2 consumers
+  // (tiles::sm90_ws_bias_consumers): they read the block's bias into registers (BiasPrefetch).
   static constexpr int kBiasTile = kBlockM * kBlockN;
   static constexpr int kBiasStages = kBias_ ? kStages : 0;
   // kDropout: the keep bits of a key block, sKeep [kKeepStages][kBlockM][kBlockN / 16] uint16 (row r = query m0 + r,
@@ -349,12 +351,9 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
           fwd_issue_pv<T>(acc, ap, smem.sV + (v_it % S) * BN * HD);
         };
-        // kBias with 2 consumers: the block's bias, read into registers after its S is issued and before it is
-        // waited for: from the staged tile (bias_smem) or from global memory. With 3 (128 registers a thread) the 32
-        // words spilled (a 248-byte stack; 3.81 ms against 2.68 at GPT-OSS full, bench/RESULTS.md 2026-12-01, H200,
-        // 299693c): make_logits reads the staged tile where it uses it (BiasSmemView), or loads from global memory.
-        // A staged tile's buffer is released after the softmax step.
-        constexpr bool kPrefetch = kBias && NC == 2;
+        // kBias (2 consumers): the block's bias, read into registers after its S is issued and before it is waited
+        // for: from the staged tile (bias_smem) or from global memory. A staged tile's buffer is released after the
+        // softmax step.
         // kDropout: the keep bits of slices nt < kCS of block i, drawn after its S is issued and before it is waited
         // for (the Philox chains run beside the wgmmas).
         constexpr int kCS = Tr::kConsumerSlices;
@@ -370,7 +369,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           stage_bias_fwd<Tr>(bias_view, smem.sB, smem.b_full, it + i, c * 64 + wl * 16, lane);
         };
         auto prefetch_bias = [&](int i) {
-          if constexpr (kPrefetch) {
+          if constexpr (kBias) {
             if (bias_smem) {
               stage_bias(i);
               bias.load_smem(bias_view);
@@ -380,14 +379,8 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
           }
         };
         auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          if constexpr (kBias && !kPrefetch) {
-            if (bias_smem) stage_bias(i);
-            fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
-                                                 &bias_view);
-          } else {
-            fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
-                                                 kPrefetch ? &bias : nullptr);
-          }
+          fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                               kBias ? &bias : nullptr);
           if constexpr (kBias) {
             if (bias_smem) release(&smem.b_empty[(it + i) % S]);
           }
