@@ -25,16 +25,18 @@
 //     the release of a turn (in the step after its last one, once thread 0's reduce-adds of it have completed:
 //     they are issued after that step's first barrier) and the wait for a turn are both issued while the step's dQ
 //     and dK products run, never before the barrier that precedes them (where they stalled the block).
-//     Turns of one query block for the group's `group` steps make block kb trail its predecessor by `group` steps:
-//     at GPT-OSS full (group 8, 128-row steps, 32 key blocks a head) the k-th of the blocks of a head that run at
-//     once idles about 8 k steps, and the deterministic backward ran at 0.65x of the default one on an H100 (0.76x
-//     on the H200); one turn per step: 0.83x (bench/RESULTS.md, 2026-12-05, H100 and H200, 748eeac). With a bias one
-//     turn per query block stays (dq_turn_per_step): there every thread also stores dS to the d_bias workspace, the
-//     release's fence (MEMBAR.GPU) waits for thread 0's stores of the step, and per-step turns measured 9% slower
-//     (GPT-OSS full + bias on an H100, 0.90x -> 0.84x). Per-step turns had measured slower at GPT-OSS too before
-//     the release stopped waiting for the next step's loads (bench/RESULTS.md, 2026-12-01, H200, 193dd4b, and
-//     2026-12-03, H200, dfffab6). Nor one turn per two query blocks at group 1 (the runtime unit arithmetic cost
-//     registers and speed at every group; bench/RESULTS.md, 2026-12-01, H200, 193dd4b).
+//     Turns of one query block for the group's `group` steps make block kb trail its predecessor by `group` steps: at
+//     GPT-OSS full (group 8, 128-row steps, 32 key blocks a head) the k-th of the blocks of a head that run at once
+//     idles about 8 k steps, and the deterministic backward ran at 0.65x of the default one on an H100 (0.76x on the
+//     H200); one turn per step: 0.83x (bench/log/2026-12-05-deterministic-per-step-turns.md, H100 and H200, 748eeac).
+//     With a bias one turn per query block stays (dq_turn_per_step): there every thread also stores dS to the d_bias
+//     workspace, the release's fence (MEMBAR.GPU) waits for thread 0's stores of the step, and per-step turns
+//     measured 9% slower (GPT-OSS full + bias on an H100, 0.90x -> 0.84x). Per-step turns had measured slower at
+//     GPT-OSS too before the release stopped waiting for the next step's loads
+//     (bench/log/2026-12-01-deterministic-hopper.md, H200, 193dd4b, and
+//     bench/log/2026-12-03-deterministic-release.md, H200, dfffab6). Nor one turn per two query blocks at group 1
+//     (the runtime unit arithmetic cost registers and speed at every group;
+//     bench/log/2026-12-01-deterministic-hopper.md, H200, 193dd4b).
 #pragma once
 
 #include <cstdint>

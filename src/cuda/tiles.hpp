@@ -20,8 +20,8 @@ constexpr int head_dim_tile(int64_t d, int64_t d_v) {
 constexpr int fwd_m_tiles(int hd) { return hd <= 128 ? 2 : 1; }
 constexpr int fwd_block_m(int hd) { return 16 * fwd_m_tiles(hd) * 4; }
 constexpr int fwd_block_n(int hd) { return hd <= 64 ? 64 : 32; }
-// The lean (no bias / dropout) variant at head dim 128 takes 64 keys per step (bench/RESULTS.md: measured faster
-// despite a few spilled registers); every other variant keeps fwd_block_n.
+// The lean (no bias / dropout) variant at head dim 128 takes 64 keys per step (measured faster despite a few spilled
+// registers: bench/log/2026-11-29-sm80-kernels.md, MHA); every other variant keeps fwd_block_n.
 constexpr int fwd_block_n_lean(int hd) { return hd == 128 ? 64 : fwd_block_n(hd); }
 
 // sm_80 dq kernel (bwd_kernel.cuh).
@@ -58,7 +58,7 @@ constexpr bool has_sm90_fwd_ws(int hd) { return has_sm90(hd) || hd == 192 || hd 
 constexpr bool dkdv_sm90_wide(int hd) { return hd == 256; }
 constexpr int dkdv_sm90_block_n(int hd) { return dkdv_sm90_wide(hd) ? 64 : 128; }
 // Query rows per step: 128 at tile 64 without bias or dropout (S^T and dP^T as m64n128 products, half the steps and
-// barriers per FLOP; measured on the H200: bench/RESULTS.md, 2026-12-03, 09990b7), 64 otherwise (tile 128:
+// barriers per FLOP; measured on the H200: bench/log/2026-12-03-dkdv-128-row-step.md, 09990b7), 64 otherwise (tile 128:
 // the math takes 254 registers at 64 rows; the bias / dropout variants' staging and keep bits are laid out for 64).
 constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ? 128 : 64; }
 // The Hopper dK dV kernel's dropout variant draws the keep bits in a producer warpgroup at head dim 64; at 128 the
@@ -67,30 +67,32 @@ constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 
 // Forward windows on the Hopper kernel: a window bounded on both sides that leaves kSm90FwdWindowRows query rows
 // fewer keys than kSm90FwdMinWindowKeys (rows + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS
-// sliding layer, window 127: 0.166 ms sm_80 against 0.187 ms on the first, software-pipelined Hopper forward, and
-// 0.168-0.170 against 0.211-0.216 ms on the warp-specialised one: bench/RESULTS.md; one or two blocks per SM spend
-// much of a short block in the pipeline prologue).
+// sliding layer, window 127: 102.1 / 103.0 TFLOP/s on the sm_80 forward against 90.5 / 90.8 on the first,
+// software-pipelined Hopper forward, bench/log/2026-11-30-hopper-forward.md; 0.168-0.170 ms against 0.211-0.216 on
+// the warp-specialised one, bench/log/2026-12-05-deterministic-per-step-turns.md; one or two blocks per SM spend much
+// of a short block in the pipeline prologue).
 constexpr int kSm90FwdWindowRows = 128;
 constexpr int kSm90FwdMinWindowKeys = 512;
 // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
 // step up to tile 128, 64 at tiles 192 / 256 (the two-stage K / V ring and a 128-row Q tile fit the 227 KiB of shared
 // memory: 192 KiB at 256; the O accumulator takes 96 / 128 registers a thread); consumer warpgroups by default
-// (dispatch.cpp; the fastest measured on the H200, bench/RESULTS.md).
+// (dispatch.cpp; the kernel's first measurements: bench/log/2026-12-01-warp-specialised-forward.md).
 constexpr int sm90_ws_block_n(int hd) { return hd <= 128 ? 128 : 64; }
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
 // Its bias variant (kBias): 2 consumers, staged by TMA or not. Staged, 2 read the tile's words into registers
-// (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spill 114 bytes: GPT-OSS full +
-// bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (bench/RESULTS.md 2026-12-02, H200, 19e4aad;
-// before the ldmatrix reads, 3 were marginally faster: 1.285 against 1.298). A bias loaded from global memory (fp32,
-// strided, unaligned rows): 2, whose threads have the registers to prefetch it (2026-12-01, H200, 299693c: 2.52 ms
-// against 2.66).
+// (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spilled 114 bytes: GPT-OSS full
+// + bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (H200, bench/log/2026-12-02-bias-ldmatrix.md;
+// before the ldmatrix reads, 3 were marginally faster: 1.285 against 1.298, bench/log/2026-12-02-bias-tma.md). A
+// bias loaded from global memory (fp32, strided, unaligned rows): 2, whose threads have the registers to prefetch it
+// (H200, 299693c: 2.52-2.63 ms against 2.66-2.69, bench/log/2026-12-01-bias-hopper.md). The kernel has no 3-consumer
+// bias path (fwd_sm90_ws.cuh).
 constexpr int sm90_ws_bias_consumers(int /*hd*/) { return 2; }
 // Its dropout variant (kDropout): 2 consumers; warps 1 .. 3 of the producer warpgroup draw keep bits with this many
 // registers (setmaxnreg), the consumers take (3 x 168 - this) / 2. The consumers draw the bits of the first
-// sm90_ws_dropout_consumer_slices 8-key slices of every key block, the producer those of the others. H200,
-// bench/RESULTS.md 2026-12-02, 1651c86, GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.93 ms,
-// 8: 2.77 / 2.04, 10: 2.49 / 1.70 (12, with two producer units in flight: 2.60 / 2.05); 56 producer registers at
-// head dim 64 instead of 88: 2.88 against 2.64 ms (a build drawing the consumers' slices 5 at a time).
+// sm90_ws_dropout_consumer_slices 8-key slices of every key block, the producer those of the others. H200, 1651c86,
+// GPT-OSS full / MHA d128 + dropout forward: 0 slices 3.79 / 2.93 ms, 8: 2.77 / 2.04, 10: 2.49 / 1.70 (12, with two
+// producer units in flight: 2.60 / 2.05); 56 producer registers at head dim 64 instead of 88: 2.88 against 2.64 ms
+// (a build drawing the consumers' slices 5 at a time); bench/log/2026-12-02-dropout-forward-hopper.md.
 constexpr int sm90_ws_dropout_consumers(int /*hd*/) { return 2; }
 constexpr int sm90_ws_dropout_producer_regs(int hd) { return hd == 64 ? 88 : 56; }
 constexpr int sm90_ws_dropout_consumer_slices(int /*hd*/) { return 10; }

@@ -27,20 +27,20 @@
 // K, V (loaded once, cp.async) and the staged dS^T are in the 128-byte-swizzled row-panel layout too: dS^T's stores
 // are conflict-free (a warp's 8 rows x 4 column pairs hit 32 distinct banks); K as dQ's MN-major B operand starts
 // at column n0 (at head dim 64, 64 bytes into the swizzle atom: the hardware swizzles the absolute address).
-// Measured against the core-matrix layout these tiles had before (bench/RESULTS.md, 2026-12-01, H200, 25b4f5e):
-// within 1% (not the reason for the kernel's speed); kept so that every tile of the kernel has one layout.
+// Measured against the core-matrix layout these tiles had before (bench/log/2026-12-01-dq-tma-reduce-add.md, H200,
+// 25b4f5e): within 1% (not the reason for the kernel's speed); kept so that every tile of the kernel has one layout.
 // Q, dO are double-buffered in the 128-byte-swizzled row-panel layout (sm90_common.cuh): a query block with all
 // 64 rows valid is loaded by TMA (2 * HD / 64 boxes of 64 columns x 64 rows, one thread, completion on an mbarrier
 // per buffer) when the launcher could describe q and d_out as tensor maps (Sm90Tma::ok); other blocks (the last,
 // partial block of a sequence: TMA would read the next sequence's or padding rows instead of zeros) through
 // cp.async. LSE2, D: loads to registers, stored to shared memory one step later.
 // Order of a step (each product its own wgmma commit group, so that register work overlaps the tensor cores;
-// bench/RESULTS.md has the measurements):
+// bench/log/2026-11-29-dkdv-commit-groups.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
 // The steps' order (StepOrder): query-block-major with a bias also without kDet, so that the heads of a group read
 // one bias tile in consecutive steps (head-major, the non-deterministic bias backward took 12.2 ms against 7.0 ms
-// deterministic at GPT-OSS full; ncu, bench/RESULTS.md 2026-12-01, H200, 299693c).
+// deterministic at GPT-OSS full; ncu, bench/log/2026-12-01-bias-hopper.md, H200, 299693c).
 // dQ adds: a full query block's 64 x HD fp32 tile is stored to sdQ (two buffers, the swizzled image of
 // the ws_dq tensor map's 32-column boxes: conflict-free float2 stores) and added to ws_dq by TMA reduce-adds that
 // thread 0 issues after the next barrier (the reduce unit does the adds; before this, 2 * HD / 8 float2 atomics per
@@ -54,13 +54,13 @@
 // issues; else lane 0 of every warp, each adding its own elements), and the step after the turn's last one releases
 // it (thread 0, once the reduce-adds have completed, while that step's dQ and dK run: before the barrier that
 // precedes them, this wait and the release's fence (MEMBAR.GPU) stalled warp 0 and with it the block;
-// bench/RESULTS.md, 2026-12-01, H200, 193dd4b). Releasing later (one more step, or by warp 7 after the next barrier)
-// measured slower: the successor waits for the release (bench/RESULTS.md, 2026-12-03, H200, dfffab6). A release is
-// a MEMBAR.GPU, which waits for every memory operation of the thread in flight, so thread 0 issues no loads in this
-// variant: threads 64 .. 127 load the rows' LSE2 / D and lane 0 of warp 1 (kLoader) issues the TMA loads and stages
-// the bias tiles (with thread 0 issuing them, the release waited for the next step's tiles: 0.24 ms of the
-// deterministic backward at the MHA layer, det x 0.83 -> 0.92; bench/RESULTS.md, 2026-12-03, H200, dfffab6). Why
-// these turns: dq_order.hpp.
+// bench/log/2026-12-01-deterministic-hopper.md, H200, 193dd4b). Releasing later (one more step, or by warp 7 after
+// the next barrier) measured slower: the successor waits for the release
+// (bench/log/2026-12-03-deterministic-release.md, H200, dfffab6). A release is a MEMBAR.GPU, which waits for every
+// memory operation of the thread in flight, so thread 0 issues no loads in this variant: threads 64 .. 127 load the
+// rows' LSE2 / D and lane 0 of warp 1 (kLoader) issues the TMA loads and stages the bias tiles (with thread 0 issuing
+// them, the release waited for the next step's tiles: 0.24 ms of the deterministic backward at the MHA layer, det x
+// 0.83 -> 0.92; bench/log/2026-12-03-deterministic-release.md, H200, dfffab6). Why these turns: dq_order.hpp.
 // Programmatic dependent launch (KernelChoice::pdl): the dq convert after this kernel may start once every block of
 // it has started; and this kernel may have started before the preprocess ended: the math threads wait for it in
 // pdl_wait, before their first read of its rows' LSE2 / D or add to ws_dq (which it zeroes); a block past its
@@ -112,8 +112,8 @@ struct DkvSm90Traits {
   static constexpr bool kDqSplitRows = kBlockM == 128;
   // At 128 rows P^T and dS^T stay in registers as at 64 (A operands of dV and dK): 255 registers and 140 bytes of
   // spill stores (ptxas -v). Staging P^T in shared memory for dV and reading dS^T from sdS for dK (84 bytes of
-  // spills) measured slower on the H200: GPT-OSS full backward 2.10-2.12 ms against 1.93-1.94 (bench/RESULTS.md,
-  // 2026-12-03, 09990b7).
+  // spills) measured slower on the H200: GPT-OSS full backward 2.10-2.12 ms against 1.93-1.94
+  // (bench/log/2026-12-03-dkdv-128-row-step.md, 09990b7).
   // The shared memory (DkvSm90Smem has the layout): the sizes.
   // kBias: two bias buffers at head dim 64, one at 128. There, 225.0 KiB leave no room for the alignment slack: the
   // compiler pads every one of these kernels' static shared memory to 1024 bytes (cuobjdump -res-usage: SHARED
@@ -258,7 +258,7 @@ struct DkvSm90Loads {
 // kBias: the call has a bias (not with dropout): S^T takes bias^T (scores.cuh, make_logits), and dS^T (fp32) goes to
 // the d_bias workspace (store_dbias_ws) besides dQ, dK; with Params::ws_dbias_heads = h_kv (a bias broadcast over
 // the heads, KernelChoice::dbias_group_sum) summed over the KV group's query heads first, in shared memory
-// (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/RESULTS.md, 2026-12-02).
+// (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/log/2026-12-02-dbias-group-sum.md).
 template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false, int BM_ = 64>
 __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThreads, 1)
     bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {

@@ -24,7 +24,7 @@
 // image of the ws_dq map's 32-column boxes, and thread 0 adds it to ws_dq by TMA reduce-adds after the next step's
 // first barrier; the next step's prefetch into that stage waits until they have read it (thread 0, before the
 // barrier that precedes the prefetch). Partial query blocks (and a call without the dq map) add with float4
-// atomics. bf16, b 2, h 16, s 4096, causal (bench/RESULTS.md, 2026-12-05, 6e52af0): float4 atomics for
+// atomics. bf16, b 2, h 16, s 4096, causal (bench/log/2026-12-05-dkdv-head-dim-256.md, 6e52af0): float4 atomics for
 // every block 4.87 ms on an H100 and 2.72 ms on an H200, against 1.99 / 1.94 ms with no dq adds at all (a timing
 // build, results wrong) and 2.28 ms (H200) with these reduce-adds: the fp32 reductions of 64 KiB per step at 64
 // keys a block, not the products, were the atomics' time.

@@ -16,13 +16,13 @@
 
 namespace sinkattn::cuda::sm90 {
 
-// The dK dV kernel's variant with a keep producer (DkvSm90Traits::kKeepProducer): named barrier kBarMath
-// synchronises the math warpgroups alone (256 threads, their step barriers; 0 is __syncthreads). The keep buffers
-// are handed over on mbarriers after sKeep (KeepBars): full[b] (128 arrivals, one per producer thread, after its
-// stores) and empty[b] (256, one per math thread, after its loads; a warpgroup without work in the step arrives
-// without waiting for full[b]: the math warpgroups' step barrier keeps it from arriving for a later step first).
-// Named barriers (bar.arrive / bar.sync) did the same handover; racecheck reported hazards on sKeep under them
-// (bench/RESULTS.md, 2026-12-02, H200, 0bd71a3).
+// The dK dV kernel's variant with a keep producer (DkvSm90Traits::kKeepProducer): named barrier kBarMath synchronises
+// the math warpgroups alone (256 threads, their step barriers; 0 is __syncthreads). The keep buffers are handed over
+// on mbarriers after sKeep (KeepBars): full[b] (128 arrivals, one per producer thread, after its stores) and empty[b]
+// (256, one per math thread, after its loads; a warpgroup without work in the step arrives without waiting for
+// full[b]: the math warpgroups' step barrier keeps it from arriving for a later step first). Named barriers
+// (bar.arrive / bar.sync) did the same handover; racecheck reported hazards on sKeep under them
+// (bench/log/2026-12-02-dropout-backward-producer.md, H200, 0bd71a3).
 constexpr int kBarMath = 1;
 struct KeepBars {
   uint64_t full[2], empty[2];
@@ -52,15 +52,15 @@ struct DkvKeepBits {
   }
 };
 
-// kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math
-// warpgroups' order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c:
-// key j0 + r, query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt:
-// keys j0 + 4 m .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad),
-// kIlp at a time; a group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
-// bench/RESULTS.md, 2026-12-02, H200, 0bd71a3: GPT-OSS full + dropout backward 8.2 -> 5.0 ms against the math
-// warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per scheduler, both
-// in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4 blocks in
-// flight per thread measured as fast as 8 and faster than 16.
+// kDropout's keep producer, the third warpgroup (rt = 0 .. 127): for every step of the block, in the math warpgroups'
+// order, the keep bits of the step's BM queries x BN keys into sKeep[b] (b = step % 2; row r, bit c: key j0 + r,
+// query i0 + c), once the math warpgroups have read what the buffer held two steps before. Thread rt: keys j0 + 4 m
+// .. + 3 (m = rt / 4) x queries i0 + 16 q .. + 15 (q = rt % 4), 16 Philox blocks (keep_key_quad), kIlp at a time; a
+// group of kIlp queries that sees no key of the quad is skipped (bits 0: P = 0 there).
+// bench/log/2026-12-02-dropout-backward-producer.md, H200, 0bd71a3: GPT-OSS full + dropout backward 8.2 -> 5.0 ms
+// against the math warpgroups drawing the bits themselves between the S^T / dP^T issue and their waits (2 warps per
+// scheduler, both in the same phase: the tensor cores wait while their Philox chains run; inferred, not profiled); 4
+// blocks in flight per thread measured as fast as 8 and faster than 16.
 template <int BM, int BN, typename Order, typename KeyTileT>
 __device__ __forceinline__ void keep_producer(const Params& p, const KeyTileT& kt, const Mask& mk, int qb_lo, int nq,
                                               uint64_t* sKeep, KeepBars* kb, int rt) {

@@ -1,9 +1,10 @@
 // CUDA backend, Hopper (sm_90a) building blocks: warpgroup MMA (wgmma) shared-memory descriptors and fences, register
 // A operands packed from accumulators, and cp.async tile loads into the layout the descriptors describe. PTX ISA,
 // "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": section "Matrix Descriptor" and the canonical layouts.
-// One layout for every 16-bit tile of the Hopper kernels: the 128-byte-swizzled row panels further down (the
-// tiles TMA loads, and those loaded by cp.async into the same layout). The core-matrix layout (no swizzle) that
-// the dK dV kernel's K, V and dS^T had until 2026-12-01 measured within 1% of it (bench/RESULTS.md).
+// One layout for every 16-bit tile of the Hopper kernels: the 128-byte-swizzled row panels further down (the tiles
+// TMA loads, and those loaded by cp.async into the same layout). The core-matrix layout (no swizzle) that the dK dV
+// kernel's K, V and dS^T had until 2026-12-01 measured within 1% of it (bench/log/2026-12-01-dq-tma-reduce-add.md,
+// 25b4f5e).
 #pragma once
 
 #include <cstdint>
