@@ -540,7 +540,7 @@ TEST(UserErrors, CommandMessagesNameTheTensorOrKey) {
     for (const auto& [n, x] : t) list.push_back({n, &x});
     const std::string p = unique_prefix(std::string("user-error-") + c.name) + ".safetensors";
     write_file(p, serialize_safetensors(list, meta));
-    for (const std::string sub : {"run --out " + p + ".result.safetensors", std::string("check")}) {
+    for (const std::string& sub : {"run --out " + p + ".result.safetensors", std::string("check")}) {
       const auto [st, err] = run_capturing_stderr(std::string(SINKATTN_CLI) + " " + sub + " --inputs " + p, p + ".err");
       EXPECT_EQ(st, 1) << sub << ": " << err;
       EXPECT_NE(err.find(c.want), std::string::npos) << sub << ": " << err;
