@@ -23,8 +23,10 @@ int main(void) {
   if (sinkattn_forward_workspace_size(&p, &fwd_bytes) || sinkattn_backward_workspace_size(&p, &bwd_bytes)) goto fail;
   p.workspace_bytes = fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes;
   p.workspace = malloc(p.workspace_bytes + 1);
-  if (sinkattn_forward(&p) != SINKATTN_OK || sinkattn_backward(&p) != SINKATTN_OK) goto fail;
-  printf("lse[0] = %.4f, d_sinks = %.4f %.4f %.4f %.4f\n", lse[0], d_sinks[0], d_sinks[1], d_sinks[2], d_sinks[3]);
+  int ok = sinkattn_forward(&p) == SINKATTN_OK && sinkattn_backward(&p) == SINKATTN_OK;
+  free(p.workspace);
+  if (!ok) goto fail;
+  printf("lse[0] = %.4f, d_sinks = %.4g %.4g %.4g %.4g\n", lse[0], d_sinks[0], d_sinks[1], d_sinks[2], d_sinks[3]);
   return 0;
 fail:
   fprintf(stderr, "sinkattn: %s\n", sinkattn_last_error());  /* names the argument and the rule it broke */
