@@ -20,7 +20,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1; then
+ruff_pin=$(sed -n 's/^ruff==//p' requirements-dev.txt)  # the linter of tools/lint.sh, at its pinned version
+if ! .venv/bin/python -c "import jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1 ||
+   [ "$(.venv/bin/ruff --version 2>/dev/null)" != "ruff $ruff_pin" ]; then
   echo "setup: installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
+tools/lint.sh  # ruff over the Python code (pyproject.toml, [tool.ruff])
 tools/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 tools/ci-sanitizers.sh  # the CPU backend under ASan + UBSan (its CTest suites) and TSan (the concurrency test)

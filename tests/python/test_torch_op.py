@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")  # without torch the package has no PyTorch
 
 import sinkattn.torch as st  # noqa: E402
 from test_jax_op import CASES, _BF16_ON_CPU, build, rel_err, run_ref_given_out, spec5_tolerances  # noqa: E402
-from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, to_torch, torch_kwargs, words_to_rng  # noqa: E402
+from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, torch_kwargs, words_to_rng  # noqa: E402
 
 _GPU = torch.cuda.is_available()
 _PARAMS = [(n, "float32", dev) for dev in DEVICES for n in CASES] + [

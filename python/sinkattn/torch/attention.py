@@ -7,7 +7,6 @@ data-dependent branch): the work is one operator call forward and one backward.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence, Union
 
 import torch
