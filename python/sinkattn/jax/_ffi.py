@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
-import math
 import os
 from typing import Sequence
 
@@ -333,7 +332,3 @@ def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> list[int]:
     o = (ctypes.c_uint32 * 4)()
     lib.sinkattn_philox4x32_10(c, k, o)
     return list(o)
-
-
-def default_scale(d: int) -> float:
-    return 1.0 / math.sqrt(d)

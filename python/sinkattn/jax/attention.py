@@ -85,10 +85,6 @@ class _Config:
         )
 
 
-# Optional operands in the handler's protocol order (python/ffi/ffi_handlers.cpp).
-_BATCH_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv")
-
-
 def _sd(x):
     return (tuple(x.shape), x.dtype)
 
@@ -311,17 +307,6 @@ _core = _make_core()
 def _check(cond: bool, msg: str, exc=ValueError):
     if not cond:
         raise exc(f"sinkattn: {msg}")
-
-
-def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_window_size):
-    """(softmax_type, window_left, window_right) of a call; raises for an unknown softmax type or alignment."""
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    window_left, window_right = resolve_window(is_causal, local_window_size)
-    return softmax_type, window_left, window_right
 
 
 def _as_int32(x, name):
