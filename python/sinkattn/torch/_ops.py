@@ -26,11 +26,10 @@ import os
 
 import torch
 
+from .._args import ALIGNMENTS, SOFTMAX_TYPES
+
 __all__ = ["load", "library_path", "autograd_library_path", "attention", "AUTOGRAD", "SOFTMAX_TYPES", "ALIGNMENTS"]
 
-# Enum values of include/sinkattn/sinkattn.h.
-SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "learnable": 2}
-ALIGNMENTS = {"bottom_right": 0, "top_left": 1}
 _LEARNABLE = SOFTMAX_TYPES["learnable"]
 AUTOGRAD = None  # after load(): "compiled" (libsinkattn_torch_autograd.so) or "python" (register_autograd)
 _fwd_default = None  # torch.ops.sinkattn.fwd.default after load()
