@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
+tools/lint.sh  # ruff over the Python code (pyproject.toml, [tool.ruff])
 cuda=OFF; command -v nvcc >/dev/null && cuda=ON
 tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda
 ctest --test-dir build --output-on-failure -j"$(nproc)"
