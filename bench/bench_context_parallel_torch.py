@@ -181,7 +181,7 @@ def _worker(rank, world, port, args, rows_out):
                 s = torch.linspace(0.0, 4.0, HQ, device=dev).requires_grad_()
                 kw = dict(group=group, learnable_sink=s, causal=True, window_size=_window(layer, W), layout=layout)
 
-                def step():
+                def step(q=q, k=k, v=v, g=g):  # bound now: the names are deleted below to free the blocks
                     out = fn(q, k, v, **kw)
                     torch.autograd.grad(out, (q, k, v, s), g)
 
@@ -197,7 +197,7 @@ def _worker(rank, world, port, args, rows_out):
                             err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
                             del qf, kf, vf, want
                         del got
-                del q, k, v, g
+                del q, k, v, g, step
                 torch.cuda.empty_cache()
                 if rank == 0:
                     row = dict(N=world, context=L, layer=layer, mode=mode, t_ms=t * 1e3,

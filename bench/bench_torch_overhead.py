@@ -11,10 +11,8 @@ machine shifts all rows alike) of:
   flash_attn_func     the Python API (argument checks, sink upcast), without and with autograd (forward + backward)
   op .default ...     the op's time split: without the packet's overload resolution, below the autograd kernel (the
                       dispatcher from Python), the CPU / CUDA kernel alone (redispatched from Python: argument
-                      conversion, stable-ABI boxing, the C++ body), and three allocations. The autograd kernel is the
-                      compiled one (libsinkattn_torch_autograd.so, when built for this PyTorch) or the Python one
-                      (torch.library.register_autograd; forced with SINKATTN_TORCH_AUTOGRAD=python): the first line
-                      says which
+                      conversion, stable-ABI boxing, the C++ body), and three allocations. The autograd kernel is
+                      the formula registered from Python (torch.library.register_autograd, python/sinkattn/torch/_ops.py)
   custom_op + ctypes  the other binding route, for the record: a torch.library.custom_op in Python whose body fills
                       sinkattn_params_t through ctypes and makes the same C ABI call (forward only, no fake kernel)
   floor op ...        with --floor: torch.ops.sinkattn_floor.fwd / bwd (bench/torch_dispatch_floor.cpp, compiled at start
@@ -34,7 +32,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sinkattn.torch as st  # noqa: E402
-from sinkattn.torch import _ops  # noqa: E402
 import torch_cabi  # noqa: E402
 
 
@@ -143,7 +140,7 @@ def main():
                  ("floor op backward (no work)", lambda: torch.ops.sinkattn_floor.bwd(*bwd_args), n)]
     t = timed_rows(rows, n)
     print(f"torch {torch.__version__}, device {dev} ({torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}), "
-          f"{torch.get_num_threads()} threads, {n} calls per row, autograd kernel: {getattr(_ops, 'AUTOGRAD', None) or 'python'}; host time per "
+          f"{torch.get_num_threads()} threads, {n} calls per row; host time per "
           "call, median / min over 20 batches")
     for name, _, _ in rows:
         med, mn = t[name]

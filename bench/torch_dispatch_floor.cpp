@@ -9,9 +9,8 @@
 // Each kernel does only what any implementation of the operator must: allocate its outputs (out like q, softmax_lse
 // fp32 [b, h_q, s_q], rng_state int64 [0]; dq, dk, dv like q, k, v, d_sinks fp32 like sinks, d_bias [0]) from
 // PyTorch's allocator (the caching allocator on CUDA) under a device guard, and read the current stream. No
-// validation, no library call, no kernel launch. fwd's Autograd key redispatches the boxed stack below autograd, as
-// the compiled autograd kernel of sinkattn::fwd (python/torch/torch_autograd.cpp) does when no input requires grad;
-// bwd has no Autograd kernel, as sinkattn::bwd has none (PyTorch's fallback for that key runs, in both).
+// validation, no library call, no kernel launch. fwd's Autograd key redispatches the boxed stack below autograd (the
+// least an Autograd kernel can do when no input requires grad); bwd has no Autograd kernel, as sinkattn::bwd has none (PyTorch's fallback for that key runs, in both).
 // On PyTorch's C++ API (not the stable ABI): the cheapest form such an operator can take.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -37,7 +37,6 @@ import math
 import os
 import sys
 import time
-from functools import partial
 
 import numpy as np
 

@@ -5,8 +5,7 @@
 #                                        machine needs; without one the CUDA backend reports "no CUDA device")
 #   sinkattn/lib/libsinkattn_jax_ffi.so  the XLA FFI handlers of sinkattn.jax
 #   sinkattn/lib/libsinkattn_torch.so    the PyTorch operators on the stable ABI of torch 2.10 (every later torch;
-#                                        autograd registered from Python: a compiled autograd kernel would serve one
-#                                        torch build only)
+#                                        their autograd formula is registered from Python)
 #   sinkattn/bin/sinkattn                the command (the `sinkattn` console script runs it)
 #   sinkattn.libs/libgomp-*.so           OpenMP's runtime, vendored by auditwheel
 # plus the Python package, the headers and the CMake package. libtorch_cpu.so is not vendored: the operators bind to
@@ -21,8 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
 
-defines=(-C cmake.define.SINKATTN_BUILD_CLI=ON -C cmake.define.SINKATTN_BUILD_TORCH=ON
-         -C cmake.define.SINKATTN_BUILD_TORCH_AUTOGRAD=OFF)
+defines=(-C cmake.define.SINKATTN_BUILD_CLI=ON -C cmake.define.SINKATTN_BUILD_TORCH=ON)
 cuda=ON
 for arg in "$@"; do
   case $arg in

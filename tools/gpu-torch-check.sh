@@ -11,14 +11,11 @@
 #   TORCH_STEPS="bench overhead example examplebench"      speed: bench/bench_torch.py (SDPA, FlexAttention + sink,
 #                                                          sinkattn's torch API, op / C ABI ratio at b=2 s=4096),
 #                                                          bench/bench_torch_overhead.py (host time of the op over
-#                                                          the C ABI call, CUDA and CPU tensors; CUDA again with
-#                                                          the Python autograd kernel), the HF example's
+#                                                          the C ABI call, CUDA and CPU tensors), the HF example's
 #                                                          training run (GPU, bf16) and its tokens/s benchmark
 # The package: SITE_DIR (an install made elsewhere with `pip install --no-build-isolation --no-deps --target DIR .`,
 # e.g. on the development machine against its newer torch: then this also checks that the stable-ABI operators built
-# there load into this machine's torch, with the autograd formula from Python: the compiled autograd kernel serves
-# only the torch it was built against), else built here against this machine's torch into /tmp/sinkattn-site (with
-# the compiled autograd kernel).
+# there load into this machine's torch), else built here against this machine's torch into /tmp/sinkattn-site.
 # Logs go to $OUT (default ./gpu-check-out): py_install.log torch_pytest.log torch_bench.log torch_overhead.log
 # torch_example.log torch_example_bench.log torch_cp_pytest.log torch_cp_bench.log, and lines in summary.txt.
 set -u
@@ -34,8 +31,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 sinkattn_site reuse torch || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch, transformers, sinkattn.torch, sinkattn.torch._ops as o; print('torch', torch.__version__, \
-'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), o.library_path(), 'autograd kernel', \
-o.AUTOGRAD)" 2>&1 | tee -a "$SUMMARY"
+'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), o.library_path())" 2>&1 | tee -a "$SUMMARY"
 status=0
 if has pytest; then
   t0=$(date +%s)
@@ -54,11 +50,9 @@ if has bench; then
   note "torch bench (bench/bench_torch.py): rc=$rc"; tee -a "$SUMMARY" <"$OUT/torch_bench.log"
 fi
 if has overhead; then
-  # the autograd kernel in use (compiled when the package was built against this torch), then the Python one
   # (--floor: the same schemas on PyTorch's C++ API with kernels that only allocate, bench/torch_dispatch_floor.cpp)
   { timeout 180 $PY bench/bench_torch_overhead.py --device cuda --floor
-    timeout 180 $PY bench/bench_torch_overhead.py --device cpu --floor
-    SINKATTN_TORCH_AUTOGRAD=python timeout 120 $PY bench/bench_torch_overhead.py --device cuda; } \
+    timeout 180 $PY bench/bench_torch_overhead.py --device cpu --floor; } \
     >"$OUT/torch_overhead.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || status=1
   note "torch host overhead: rc=$rc"; tee -a "$SUMMARY" <"$OUT/torch_overhead.log"

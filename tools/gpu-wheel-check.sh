@@ -44,7 +44,7 @@ if has info; then
     $PY -c "import jax, torch, transformers, sinkattn, sinkattn.jax._ffi as f, sinkattn.torch._ops as o; \
 print('package', sinkattn.__file__); print('jax', jax.__version__, jax.devices(), 'platforms', f.platforms()); \
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__); \
-import sinkattn.torch; print('torch operators', o.library_path(), 'autograd', o.AUTOGRAD)" || rc=1
+import sinkattn.torch; print('torch operators', o.library_path())" || rc=1
   } >"$OUT/wheel_info.log" 2>&1
   [ $rc -eq 0 ] || status=1
   note "sinkattn info / check --preset gpt-oss-20b --backend cuda / versions: rc=$rc"

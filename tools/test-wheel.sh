@@ -28,7 +28,7 @@ for dir in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
 done
 # What runs below sees only the fresh environment and these tools: no PYTHONPATH, no library overrides.
 run() {
-  env -u PYTHONPATH -u SINKATTN_JAX_FFI_LIBRARY -u SINKATTN_TORCH_LIBRARY -u SINKATTN_TORCH_AUTOGRAD \
+  env -u PYTHONPATH -u SINKATTN_JAX_FFI_LIBRARY -u SINKATTN_TORCH_LIBRARY \
     -u CC -u CXX -u CUDA_HOME -u VIRTUAL_ENV PATH="$venv/bin:$bin" PYTHONNOUSERSITE=1 "$@"
 }
 for tool in nvcc gcc g++ cc c++ clang cmake; do

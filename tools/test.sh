@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-deps.sh
+tools/lint.sh  # ruff over the Python code (pyproject.toml, [tool.ruff])
 cuda=OFF; command -v nvcc >/dev/null && cuda=ON
 # SINKATTN_WARNINGS_AS_ERRORS: a new compiler warning in the project's code fails CI (cmake/warnings.cmake).
 tools/build-wheel.sh -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_ENABLE_CUDA=$cuda -DSINKATTN_WARNINGS_AS_ERRORS=ON

@@ -3,8 +3,10 @@
 e.g. PYTHONPATH=<site built against torch 2.15> <python with torch 2.11> tools/torch_abi_smoke.py (CPU only, no
 JAX needed). Checks values and gradients of a GQA sliding-window call with sinks against a float64 evaluation,
 torch.library.opcheck of the forward operator and torch.compile(fullgraph=True)."""
-import math, torch
-import sinkattn.torch as st, sinkattn.torch._ops as ops
+import math
+import torch
+import sinkattn.torch as st
+import sinkattn.torch._ops as ops
 print("torch", torch.__version__, "op library", ops.library_path())
 g = torch.Generator().manual_seed(0)
 q = torch.randn(2, 33, 4, 16, generator=g, dtype=torch.float64)

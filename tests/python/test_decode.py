@@ -8,7 +8,6 @@ machine (the call lowers to the CUDA decode kernels when JAX's default backend i
 import math
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest

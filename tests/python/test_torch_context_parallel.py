@@ -26,7 +26,6 @@ import torch.multiprocessing as mp
 
 import cp_util
 import torch_cp_worker as W
-from conftest import rel_err
 
 CONFIGS = [("cpu", 2), ("cpu", 4)] + ([("cuda", 1)] if torch.cuda.is_available() else [])
 # also against float64 (one JAX evaluation each, seconds on the CPU): a band schedule, a THD ring and a THD

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sinkattn.torch as st  # noqa: E402
+from sinkattn._args import seed_offset_words  # noqa: E402
 from test_jax_op import _plain_low_precision, rel_err, run_ref, run_ref_given_out  # noqa: E402
 from torch_util import DEVICES, poisoned_outputs, to_numpy, to_torch, words_to_rng  # noqa: E402
 
@@ -89,7 +90,7 @@ def build_case(c, d, device, seed=0):
         bias = rng.standard_normal((1, h_q, s_q, s_kv)).astype(np.float32)
     if c.get("dropout_p", 0.0) > 0.0:
         seed_, offset = c.get("seed", 0), c.get("offset", 0)
-        words = np.asarray([seed_ & 0xFFFFFFFF, seed_ >> 32, offset & 0xFFFFFFFF, offset >> 32], np.uint32)
+        words = np.asarray(seed_offset_words(seed_, offset), np.uint32)
         kw.update(dropout_rate=c["dropout_p"], dropout_words=words)
         tkw.update(dropout_p=c["dropout_p"], rng_seed_offset=words_to_rng(words, device))
     if c.get("deterministic"):

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")  # without torch the package has no PyTorch
 
 import sinkattn.torch as st  # noqa: E402
 from test_jax_op import CASES, _BF16_ON_CPU, build, rel_err, run_ref_given_out, spec5_tolerances  # noqa: E402
-from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, to_torch, torch_kwargs, words_to_rng  # noqa: E402
+from torch_util import DEVICES, poisoned_outputs, run_torch, to_numpy, torch_kwargs, words_to_rng  # noqa: E402
 
 _GPU = torch.cuda.is_available()
 _PARAMS = [(n, "float32", dev) for dev in DEVICES for n in CASES] + [
@@ -283,20 +283,25 @@ def test_opcheck(device, case):
     torch.library.opcheck(torch.ops.sinkattn.bwd.default, bwd_args)
 
 
-def test_autograd_kernel_route():
-    """The compiled autograd kernel of fwd is used exactly when it was built for this PyTorch (and not forced off);
-    otherwise the formula is registered from Python. Either way the dispatcher has an Autograd kernel for fwd, from
-    the file that AUTOGRAD names (the whole suite runs under both: SINKATTN_TORCH_AUTOGRAD=python for the second)."""
-    import os
-
-    from sinkattn.torch import _ops
-    compiled = _ops.autograd_library_path() is not None
-    assert _ops.AUTOGRAD == ("compiled" if compiled else "python")
-    if os.environ.get("SINKATTN_TORCH_AUTOGRAD", "").lower() == "python":
-        assert not compiled
+def test_autograd_kernel_of_the_operator():
+    """The stable ABI has no autograd: fwd's Autograd kernel is the formula of _ops.py, registered from Python (for
+    callers of torch.ops.sinkattn.fwd itself), and the API takes the same formula through _ops.attention: both routes
+    give the same gradients, bit for bit (deterministic backward)."""
     dump = torch._C._dispatch_dump("sinkattn::fwd")
-    line = next(x for x in dump.splitlines() if x.startswith("Autograd"))
-    assert ("torch_autograd.cpp" in line) == compiled, line
+    assert any(x.startswith("Autograd") for x in dump.splitlines()), dump
+    from sinkattn.torch import _ops
+
+    grads = []
+    for fwd in (torch.ops.sinkattn.fwd.default, _ops.attention):
+        q, k, v, sinks = _qkv(seed=3)
+        args = list(_fwd_args(q, k, v, sinks))
+        args[20] = True  # deterministic
+        out, lse, _ = fwd(*args)
+        g = torch.Generator().manual_seed(4)
+        loss = (out * torch.randn(out.shape, generator=g)).sum() + (lse * torch.randn(lse.shape, generator=g)).sum()
+        grads.append(torch.autograd.grad(loss, (q, k, v, sinks)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
     # a call that needs no gradient returns tensors without autograd history, one that does gets it
     q, k, v, sinks = _qkv(grad=False)
     out = torch.ops.sinkattn.fwd(*_fwd_args(q, k, v, sinks))[0]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sinkattn.torch as st
+from sinkattn._args import words_seed_offset
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
@@ -49,7 +50,7 @@ def poisoned_outputs():
 
 def words_to_rng(words, device):
     """uint32[4] {lo32(seed), hi32(seed), lo32(offset), hi32(offset)} -> the int64 [2] {seed, offset} tensor."""
-    return torch.from_numpy(np.asarray(words, np.uint32).view(np.int64).copy()).to(device)
+    return torch.tensor(words_seed_offset(np.asarray(words, np.uint32)), dtype=torch.int64, device=device)
 
 
 def torch_kwargs(kw, device):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.core.spmd import logical_axis_rules

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
-import math
 import os
 from typing import Sequence
 
@@ -38,10 +37,8 @@ FORWARD_TARGET = "sinkattn_jax_forward"
 BACKWARD_TARGET = "sinkattn_jax_backward"
 DECODE_TARGET = "sinkattn_jax_decode"  # the forward with num_splits (sinkattn.jax.decode_attention)
 
-# Enum values of include/sinkattn/sinkattn.h.
+# Enum values of include/sinkattn/sinkattn.h (softmax_type and mask_alignment: sinkattn/_args.py).
 F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
-SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "learnable": 2}
-ALIGNMENTS = {"bottom_right": 0, "top_left": 1}
 BACKEND_CPU, BACKEND_CUDA = 1, 2
 MAX_RANK = 4
 
@@ -335,7 +332,3 @@ def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> list[int]:
     o = (ctypes.c_uint32 * 4)()
     lib.sinkattn_philox4x32_10(c, k, o)
     return list(o)
-
-
-def default_scale(d: int) -> float:
-    return 1.0 / math.sqrt(d)

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _args
 from .._errors import with_argument_names
 from . import _ffi
-from .reference import resolve_softmax_type, resolve_window, rng_seed_offset_words
 
-__all__ = ["dot_product_attention", "attention_backward", "poison_outputs_for_testing"]
+__all__ = ["dot_product_attention", "attention_backward", "poison_outputs_for_testing", "rng_seed_offset_words"]
 
 _POISON = [False]
 
@@ -83,10 +83,6 @@ class _Config:
             max_seqlen_q=self.max_seqlen_q,
             max_seqlen_kv=self.max_seqlen_kv,
         )
-
-
-# Optional operands in the handler's protocol order (python/ffi/ffi_handlers.cpp).
-_BATCH_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "seqused_kv", "seqlens_q", "seqlens_kv")
 
 
 def _sd(x):
@@ -186,7 +182,7 @@ def _forward(cfg: _Config, q, k, v, sinks, bias, batch, rng):
 def _backward(cfg: _Config, q, k, v, sinks, bias, batch, out, lse, rng_state, d_out, d_lse):
     """dq, dk, dv, d_sinks (learnable, else None), d_bias (with bias, else None) of SPEC.md section 3."""
     bits, opt, fields = _optional_operands(sinks, bias, d_lse, batch, rng_state)
-    learnable = cfg.softmax_type == _ffi.SOFTMAX_TYPES["learnable"]
+    learnable = cfg.softmax_type == _args.SOFTMAX_TYPES["learnable"]
     tensors = {name: _sd(x) for name, x in fields.items()}
     tensors.update(q=_sd(q), k=_sd(k), v=_sd(v), out=_sd(out), softmax_lse=_sd(lse), d_out=_sd(d_out),
                    dq=_sd(q), dk=_sd(k), dv=_sd(v))
@@ -313,15 +309,11 @@ def _check(cond: bool, msg: str, exc=ValueError):
         raise exc(f"sinkattn: {msg}")
 
 
-def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_window_size):
-    """(softmax_type, window_left, window_right) of a call; raises for an unknown softmax type or alignment."""
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    window_left, window_right = resolve_window(is_causal, local_window_size)
-    return softmax_type, window_left, window_right
+def rng_seed_offset_words(dropout_rng) -> jax.Array:
+    """uint32[4] = {lo32(seed), hi32(seed), lo32(offset), hi32(offset)} drawn from a JAX PRNG key: the dropout key of
+    a call, the byte image of the library's ``rng_seed_offset`` I64[2] {seed, offset} (SPEC.md section 2;
+    sinkattn._args.seed_offset_words packs the same words from integers)."""
+    return jax.random.bits(dropout_rng, (4,), jnp.uint32)
 
 
 def _as_int32(x, name):
@@ -334,12 +326,8 @@ def _resolve_options(softmax_type, sinks, mask_alignment, is_causal, local_windo
     """(softmax_type, window_left, window_right) of a call, checked (loads the library, registers the FFI targets).
     Shared by dot_product_attention and decode_attention."""
     _ffi.library()
-    softmax_type = resolve_softmax_type(softmax_type, sinks)
-    _check(softmax_type in _ffi.SOFTMAX_TYPES, f"softmax_type must be one of {list(_ffi.SOFTMAX_TYPES)}, "
-           f"got {softmax_type!r}")
-    _check(mask_alignment in _ffi.ALIGNMENTS, f"mask_alignment must be one of {list(_ffi.ALIGNMENTS)}, "
-           f"got {mask_alignment!r}")
-    return (softmax_type,) + resolve_window(is_causal, local_window_size)
+    softmax_type = _args.resolve_options(softmax_type, sinks, mask_alignment)
+    return (softmax_type,) + _args.resolve_window(is_causal, local_window_size)
 
 
 def _float_inputs(**named):
@@ -556,11 +544,11 @@ def dot_product_attention(
         rng = None  # the library rejects p out of [0, 1) with its message at the size query
 
     cfg = _Config(
-        softmax_type=_ffi.SOFTMAX_TYPES[softmax_type],
+        softmax_type=_args.SOFTMAX_TYPES[softmax_type],
         softmax_scale=None if scale is None else float(scale),
         window_left=window_left,
         window_right=window_right,
-        mask_alignment=_ffi.ALIGNMENTS[mask_alignment],
+        mask_alignment=_args.ALIGNMENTS[mask_alignment],
         dropout_p=dropout_rate,
         deterministic=bool(deterministic),
         varlen=varlen,
@@ -616,8 +604,8 @@ def attention_backward(query, key, value, out, lse, d_out, d_lse=None, *, sinks=
         sinks = None
     elif sinks is not None:
         sinks = jnp.asarray(sinks).astype(jnp.float32)
-    cfg = _Config(softmax_type=_ffi.SOFTMAX_TYPES[softmax_type], softmax_scale=None if scale is None else float(scale),
-                  window_left=window_left, window_right=window_right, mask_alignment=_ffi.ALIGNMENTS[mask_alignment],
+    cfg = _Config(softmax_type=_args.SOFTMAX_TYPES[softmax_type], softmax_scale=None if scale is None else float(scale),
+                  window_left=window_left, window_right=window_right, mask_alignment=_args.ALIGNMENTS[mask_alignment],
                   dropout_p=0.0, deterministic=bool(deterministic), varlen=False, max_seqlen_q=int(q.shape[1]),
                   max_seqlen_kv=int(k.shape[1]), return_lse=True, poison=_POISON[0])
     vma = _union_vma(q, k, v, out, lse, d_out, d_lse, sinks)

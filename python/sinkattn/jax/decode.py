@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _args
 from .._errors import with_argument_names
 from . import _ffi
 from .attention import (_POISON, _Config, _as_int32, _call_on_platforms, _check, _ffi_call,
@@ -99,11 +100,11 @@ def decode_attention(
     sinks = _sinks_operand(sinks, softmax_type)
 
     cfg = _Config(
-        softmax_type=_ffi.SOFTMAX_TYPES[softmax_type],
+        softmax_type=_args.SOFTMAX_TYPES[softmax_type],
         softmax_scale=None if scale is None else float(scale),
         window_left=window_left,
         window_right=window_right,
-        mask_alignment=_ffi.ALIGNMENTS[mask_alignment],
+        mask_alignment=_args.ALIGNMENTS[mask_alignment],
         dropout_p=0.0,
         deterministic=False,
         varlen=varlen,

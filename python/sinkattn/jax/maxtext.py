@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-from typing import Optional
 
 import jax
 import jax.numpy as jnp

@@ -7,6 +7,7 @@ the full [b, h_q, s_q, s_kv] score matrix. It is the ground truth of the tests (
 
 Dropout reproduces the library's keep decision bit for bit: Philox4x32-10 in uint32 arithmetic (no 64-bit
 integers needed), keyed by ``rng_seed_offset_words(dropout_rng)``, the same words the op passes to the library.
+The argument rules (softmax type, window bounds, default scale) are the op's own (sinkattn/_args.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from .._args import resolve_softmax_type, resolve_window, softmax_scale as _softmax_scale
+from .attention import rng_seed_offset_words
 
 __all__ = [
     "dot_product_attention",
@@ -29,13 +32,6 @@ __all__ = [
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # key bumps
-
-
-def rng_seed_offset_words(dropout_rng) -> jax.Array:
-    """uint32[4] = {lo32(seed), hi32(seed), lo32(offset), hi32(offset)} drawn from a JAX PRNG key.
-
-    This is the byte image of the library's ``rng_seed_offset`` I64[2] {seed, offset} (SPEC.md section 2)."""
-    return jax.random.bits(dropout_rng, (4,), jnp.uint32)
 
 
 def _mulhilo(a, b: int):
@@ -142,34 +138,6 @@ def _rounding(dtype):
     return round_fwd, round_bwd
 
 
-def resolve_softmax_type(softmax_type, sinks) -> str:
-    """The softmax type of a call: as given, or (None) "learnable" when sinks are given, else "vanilla". One rule for
-    the op, its reference and ring attention, so that sinks passed without a softmax type are never dropped."""
-    if softmax_type is None:
-        return "learnable" if sinks is not None else "vanilla"
-    return softmax_type
-
-
-def resolve_window(is_causal: bool, local_window_size) -> tuple[int, int]:
-    """(window_left, window_right) of SPEC.md section 2 (-1 = unbounded) from jax.nn-style arguments."""
-    left, right = -1, -1
-    if local_window_size is not None:
-        w = local_window_size
-        is_int = lambda x: isinstance(x, (int, np.integer)) and not isinstance(x, bool)  # noqa: E731
-        if not (is_int(w) or (isinstance(w, (tuple, list)) and len(w) == 2 and all(is_int(x) for x in w))):
-            raise TypeError(f"sinkattn: local_window_size must be an int or a pair (left, right) of ints (a negative "
-                            f"bound is unbounded; GPT-OSS sliding layers: (127, 0)), got {type(w).__name__} {w!r}")
-        if isinstance(w, (tuple, list)):
-            left, right = (int(x) for x in w)
-        else:
-            left = right = int(w)
-        left = -1 if left < 0 else left
-        right = -1 if right < 0 else right
-    if is_causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
 def _runs(seg):
     """Per token of [B, T] segment ids: (global run index, position within the run, run length)."""
     b, t = seg.shape
@@ -227,7 +195,7 @@ def dot_product_attention(
     s, h_kv = k.shape[1], k.shape[2]
     g = h_q // h_kv
     dt = q.dtype
-    softmax_scale = (1.0 / math.sqrt(d)) if scale is None else float(scale)
+    softmax_scale = _softmax_scale(scale, d)
 
     # Token-level description: sequence number n, position within the sequence, the sequence's actual
     # lengths (SPEC.md section 1), and whether the token takes part at all.

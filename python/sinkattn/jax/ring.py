@@ -59,7 +59,6 @@ with the PyTorch ring (``sinkattn.torch.distributed``): ``sinkattn/_context_para
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import jax
@@ -67,10 +66,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .attention import attention_backward, dot_product_attention, vma_typing_supported
-from .reference import resolve_softmax_type
-from .sharding import _axes, _spec_entry
+from .._args import SOFTMAX_TYPES, resolve_softmax_type, softmax_scale
 from .._context_parallel import RingPlan, resolve_ring_masks as _resolve_masks, ring_schedule, zigzag_order
+from .attention import attention_backward, dot_product_attention, vma_typing_supported
+from .sharding import _axes, _spec_entry
 
 __all__ = [
     "ring_dot_product_attention",
@@ -414,7 +413,7 @@ def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None,
     (this device's heads); softmax_type as in ``dot_product_attention`` (default "learnable" when sinks are given,
     else "vanilla"). Returns out [B, T/p, N, H_v] (and lse [B, N, T/p] fp32 including the sink)."""
     softmax_type = resolve_softmax_type(softmax_type, sinks)
-    if softmax_type not in ("vanilla", "off_by_one", "learnable"):
+    if softmax_type not in SOFTMAX_TYPES:
         raise ValueError(f"softmax_type must be vanilla, off_by_one or learnable, got {softmax_type!r}")
     if softmax_type == "learnable" and sinks is None:
         raise ValueError("softmax_type='learnable' needs sinks [N] (SPEC.md section 4)")
@@ -422,7 +421,7 @@ def ring_attention_shard(query, key, value, *, axis_name, axis_size, sinks=None,
     is_causal, window_left, layout = _resolve_masks(is_causal, local_window_size, layout, t_loc)
     if is_causal and t_loc != s_loc:
         raise ValueError(f"causal ring attention needs T == S, got local blocks {t_loc} and {s_loc}")
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scale = softmax_scale(scale, query.shape[-1])
     plan = _Plan(p=axis_size, t_loc=t_loc, is_causal=is_causal, window_left=window_left, layout=layout, scale=scale)
     out, lse = _make_ring(plan, axis_name)(query, key, value)
     if softmax_type == "learnable":

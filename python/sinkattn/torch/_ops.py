@@ -5,17 +5,14 @@
 include/sinkattn/sinkattn.h; the CPU and CUDA dispatch keys run the same kernel function (the tensors' memory picks
 the library's backend). This module registers, from Python, what PyTorch's subsystems need beyond the kernels:
 fake kernels (output shapes, dtypes and strides for FakeTensor / torch.compile / torch.export) and the autograd
-formula of ``fwd`` (through ``bwd``: dq, dk, dv, d_sinks, d_bias, and the gradient flowing into softmax_lse).
+formula of ``fwd`` (through ``bwd``: dq, dk, dv, d_sinks, d_bias, and the gradient flowing into softmax_lse). The
+stable ABI has no autograd API, so the formula lives here, once (_setup_context, _backward), for every PyTorch the
+operators load into: registered at the operator's Autograd key (torch.library.register_autograd, for callers of
+``torch.ops.sinkattn.fwd``) and wrapped in an autograd.Function (``attention``, what the API calls).
 
 Search order for the operator library: ``$SINKATTN_TORCH_LIBRARY`` (a path, for development builds), then the
 installed package (``sinkattn/lib*/libsinkattn_torch.so``: in every wheel of tools/build-wheel.sh and every source
 install but those built with ``SINKATTN_BUILD_TORCH=OFF``).
-
-The autograd formula has two registrations of the same formula (one is used): the compiled kernel
-``libsinkattn_torch_autograd.so`` (python/torch/torch_autograd.cpp, on PyTorch's C++ API, so it serves only the
-PyTorch release it was built against: the ``.torch-version`` file next to it says which) when this PyTorch is that
-release, else ``torch.library.register_autograd`` from Python (any PyTorch the stable-ABI operators load into).
-``SINKATTN_TORCH_AUTOGRAD=python`` forces the Python registration. ``AUTOGRAD`` says which one was taken.
 """
 
 from __future__ import annotations
@@ -26,14 +23,11 @@ import os
 
 import torch
 
-__all__ = ["load", "library_path", "autograd_library_path", "attention", "AUTOGRAD", "SOFTMAX_TYPES", "ALIGNMENTS"]
+from .._args import ALIGNMENTS, SOFTMAX_TYPES
 
-# Enum values of include/sinkattn/sinkattn.h.
-SOFTMAX_TYPES = {"vanilla": 0, "off_by_one": 1, "learnable": 2}
-ALIGNMENTS = {"bottom_right": 0, "top_left": 1}
+__all__ = ["load", "library_path", "attention", "SOFTMAX_TYPES", "ALIGNMENTS"]
+
 _LEARNABLE = SOFTMAX_TYPES["learnable"]
-AUTOGRAD = None  # after load(): "compiled" (libsinkattn_torch_autograd.so) or "python" (register_autograd)
-_fwd_default = None  # torch.ops.sinkattn.fwd.default after load()
 
 
 def library_path() -> str:
@@ -52,37 +46,12 @@ def library_path() -> str:
         "python/torch.")
 
 
-def autograd_library_path():
-    """The compiled autograd kernel next to the operator library when it was built for this very PyTorch (its
-    ``.torch-version`` file holds ``torch.__version__`` and ``torch.version.git_version`` of the build), else None.
-    A C++ library built against another PyTorch must not be loaded at all (its registration runs at load time)."""
-    if os.environ.get("SINKATTN_TORCH_AUTOGRAD", "").lower() == "python":
-        return None
-    path = os.path.join(os.path.dirname(library_path()), "libsinkattn_torch_autograd.so")
-    try:
-        with open(path + ".torch-version") as f:
-            built_for = f.read().split()
-    except OSError:
-        return None
-    here = [torch.__version__, str(torch.version.git_version)]
-    return path if built_for == here and os.path.exists(path) else None
-
-
 @functools.lru_cache(maxsize=None)
 def load() -> None:
-    """Loads the operator library (once) and registers the fake kernels and the autograd formula (compiled when
-    libsinkattn_torch_autograd.so was built for this PyTorch, else from Python)."""
-    global AUTOGRAD, _fwd_default
+    """Loads the operator library (once) and registers the fake kernels and the autograd formula."""
     torch.ops.load_library(library_path())
-    _fwd_default = torch.ops.sinkattn.fwd.default
     _register_fake()
-    compiled = autograd_library_path()
-    if compiled is not None:
-        torch.ops.load_library(compiled)
-        AUTOGRAD = "compiled"
-    else:
-        _register_autograd()
-        AUTOGRAD = "python"
+    _register_autograd()
 
 
 def _register_fake() -> None:
@@ -169,10 +138,8 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(*args):
-    """(out, softmax_lse, rng_state) of torch.ops.sinkattn.fwd.default(*args), differentiable: the operator itself
-    when its autograd kernel is compiled (it skips autograd in C++ when nothing needs a gradient), else _Attention."""
-    if AUTOGRAD == "compiled":
-        return _fwd_default(*args)
+    """(out, softmax_lse, rng_state) of torch.ops.sinkattn.fwd.default(*args), differentiable: _Attention when a
+    gradient may be needed, else the CPU / CUDA kernel straight below autograd (no autograd bookkeeping)."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args[:5])):
         return _Attention.apply(*args)

@@ -7,11 +7,11 @@ data-dependent branch): the work is one operator call forward and one backward.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence, Union
 
 import torch
 
+from .. import _args
 from .._errors import argument_names
 from . import _ops
 
@@ -24,24 +24,6 @@ def _check(cond: bool, msg, exc=ValueError):
     """Raises exc("sinkattn: msg") unless cond; msg may be a callable (messages are formatted only on failure)."""
     if not cond:
         raise exc(f"sinkattn: {msg() if callable(msg) else msg}")
-
-
-def _window(causal: bool, window_size) -> tuple[int, int]:
-    """(window_left, window_right) of SPEC.md section 2 from FlashAttention's arguments: window_size = (left, right),
-    inclusive, -1 (or None) unbounded. ``causal`` sets the right bound to 0 whatever window_size says, as
-    FlashAttention does (``causal=True, window_size=(127, 5)`` is ``(127, 0)``)."""
-    if window_size is None:
-        window_size = (-1, -1)
-    _check(isinstance(window_size, (tuple, list)) and len(window_size) == 2
-           and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in window_size),
-           lambda: f"window_size must be a pair (left, right) of ints, -1 (or None) for unbounded, as FlashAttention "
-           f"takes it (GPT-OSS sliding layers: (127, 0)), got {type(window_size).__name__} {window_size!r}", TypeError)
-    left, right = window_size
-    left = -1 if left is None or left < 0 else int(left)
-    right = -1 if right is None or right < 0 else int(right)
-    if causal:
-        right = 0
-    return left, right
 
 
 def _int32(x: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
@@ -167,13 +149,8 @@ def dot_product_attention(
         _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
                lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
                f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
-    if softmax_type is None:
-        softmax_type = "learnable" if sinks is not None else "vanilla"
-    _check(softmax_type in _ops.SOFTMAX_TYPES,
-           lambda: f"softmax_type must be one of {list(_ops.SOFTMAX_TYPES)}, got {softmax_type!r}")
-    _check(mask_alignment in _ops.ALIGNMENTS,
-           lambda: f"mask_alignment must be one of {list(_ops.ALIGNMENTS)}, got {mask_alignment!r}")
-    window_left, window_right = _window(causal, window_size)
+    softmax_type = _args.resolve_options(softmax_type, sinks, mask_alignment)
+    window_left, window_right = _args.window_size_bounds(causal, window_size)
     q, k, v = _autocast(q, k, v)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
 
@@ -422,7 +399,7 @@ def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, 
         cache_seqlens = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=q.device)
     _check(cache_seqlens is not None, "cache_seqlens is required with a page table")
     q, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k_cache, v_cache))
-    window_left, window_right = _window(causal, window_size)
+    window_left, window_right = _args.window_size_bounds(causal, window_size)
     cache_seqlens = _int32(cache_seqlens, "cache_seqlens")
     if page_table is not None:
         page_table = _int32(page_table, "page_table")

@@ -58,10 +58,10 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _context_parallel as _cp
+from .. import _args, _context_parallel as _cp
 from .._context_parallel import ring_schedule, ulysses_kv_replication, zigzag_order
 from . import _ops
-from .attention import _autocast, _check, _int32, _window, dot_product_attention
+from .attention import _autocast, _check, _int32, dot_product_attention
 
 __all__ = ["ulysses_attention", "ring_attention", "ring_schedule", "ulysses_kv_replication", "zigzag_order",
            "zigzag_permute", "zigzag_unpermute", "shard_sequence", "gather_sequence"]
@@ -86,10 +86,8 @@ def _group_info(group):
 def _resolve_sinks(learnable_sink, s_aux, softmax_type):
     _check(learnable_sink is None or s_aux is None, "give learnable_sink or its alias s_aux, not both")
     sinks = learnable_sink if learnable_sink is not None else s_aux
-    if softmax_type is None:
-        softmax_type = "learnable" if sinks is not None else "vanilla"
-    _check(softmax_type in _ops.SOFTMAX_TYPES,
-           lambda: f"softmax_type must be one of {list(_ops.SOFTMAX_TYPES)}, got {softmax_type!r}")
+    softmax_type = _args.resolve_softmax_type(softmax_type, sinks)
+    _args.check_softmax_type(softmax_type)
     if softmax_type == "learnable":
         _check(sinks is not None, "softmax_type='learnable' needs sinks [h_q] (SPEC.md section 4)")
         _check(isinstance(sinks, torch.Tensor) and sinks.is_floating_point(), "sinks must be a float tensor [h_q]",
@@ -772,7 +770,7 @@ def ring_attention(
         _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "q, k, v must be [b, s/p, h, d] (or THD with "
                "cu_seqlens)")
         t_loc, s_loc = q.shape[1], k.shape[1]
-    wl, wr = _window(causal, window_size)
+    wl, wr = _args.window_size_bounds(causal, window_size)
     window = None if wl < 0 and wr < 0 else (wl, wr)
     try:
         is_causal, window_left, layout = _cp.resolve_ring_masks(bool(causal), window, layout, t_loc)
@@ -782,7 +780,7 @@ def ring_attention(
         raise ValueError(f"sinkattn: {e}") from None
     _check(t_loc == s_loc, lambda: f"ring attention is self-attention: the local query and key blocks must have "
            f"the same length, got {t_loc} and {s_loc}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    scale = _args.softmax_scale(softmax_scale, q.shape[-1])
     plan = _cp.RingPlan(p=p, t_loc=t_loc, is_causal=is_causal, window_left=window_left, layout=layout)
     slots = plan.layout.slots
     cu_slot = max_slot = None

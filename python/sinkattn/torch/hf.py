@@ -128,6 +128,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   is_causal, s_aux, **kwargs)
 
 
+def _window_size(sliding_window, causal: bool) -> tuple[int, int]:
+    """FlashAttention's window_size of HF's ``sliding_window`` (keys ``i - sliding_window + 1 .. i``, the current
+    token counted): ``(sliding_window - 1, 0)`` causal, the same bound on both sides otherwise; (-1, -1) without."""
+    if sliding_window is None or sliding_window <= 0:
+        return (-1, -1)
+    return (sliding_window - 1, 0 if causal else sliding_window - 1)
+
+
 def _attention_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
                        is_causal, s_aux, **kwargs):
     if softcap is not None:
@@ -136,9 +144,7 @@ def _attention_forward(module, query, key, value, attention_mask, dropout, scali
     q, k, v = (x.transpose(1, 2) for x in _same_dtype(module, query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and not (attention_mask is not None and attention_mask.dim() == 4)
-    window = (-1, -1)
-    if sliding_window is not None and sliding_window > 0:
-        window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    window = _window_size(sliding_window, causal)
     deterministic = kwargs.get("deterministic")
     if deterministic is None:
         deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
@@ -231,9 +237,7 @@ def register_context_parallel(group=None, mode: str = "ring", layout: str = "zig
                                       "rank holds a block of each sequence): pack or fill the sequences instead")
         q, k, v = (x.transpose(1, 2) for x in _same_dtype(module, query, key, value))
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-        window = (-1, -1)
-        if sliding_window is not None and sliding_window > 0:
-            window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+        window = _window_size(sliding_window, causal)
         out = fn(q, k, v, group=group, learnable_sink=s_aux, softmax_scale=scaling, causal=causal,
                  window_size=window, layout=layout, reduce_d_sinks=reduce_d_sinks)
         return out, None
