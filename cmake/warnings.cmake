@@ -6,8 +6,8 @@
 #
 # nvcc: -Xcompiler passes the flags to the host compiler (host code and nvcc's generated host stubs);
 # --Werror=all-warnings makes nvcc's own warnings (its front end's, e.g. #177-D, a variable never referenced, in
-# device code too) errors as well. ptxas's register report (-Xptxas=-v, spills) is
-# not a warning: build/ptxas.log and the CTest ptxas_spills judge it.
+# device code too) errors as well. ptxas's register report (-Xptxas=-v, spills) is not a warning: build/ptxas.log and
+# the CTest ptxas_spills judge it.
 option(SINKATTN_WARNINGS_AS_ERRORS "Treat compiler warnings of sinkattn's own targets as errors (CI)" OFF)
 
 # The targets of directory `dir` and of its subdirectories inside the source tree, into `out`.
