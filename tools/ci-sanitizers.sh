@@ -17,15 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(clang libomp-dev)
-missing=()
-for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done
-if ((${#missing[@]})); then
-  echo "ci-sanitizers: installing Debian packages: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+tools/setup-deps.sh clang libomp-dev  # clang and LLVM's OpenMP runtime (with Archer) for the TSan build
 
 jobs=()
 (($#)) && jobs=("$@") || jobs=(asan tsan)

@@ -4,11 +4,11 @@
 # tools/build-wheel.sh). Idempotent; safe to run again: what is already importable is not installed again. The
 # packages go in through uv (installed into .venv from PyPI first): PyTorch's wheel and its CUDA runtime packages,
 # ~3 GB, are downloaded once into uv's cache, which serves later setups and the fresh test environment of
-# tools/test-wheel.sh.
+# tools/test-wheel.sh. Arguments: more Debian packages a step needs (tools/ci-sanitizers.sh: clang, libomp-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(cmake ninja-build g++ libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev python3-venv)
+debs=(cmake ninja-build g++ libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev python3-venv "$@")
 missing=()
 for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done
 if ((${#missing[@]})); then
