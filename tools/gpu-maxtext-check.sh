@@ -14,11 +14,7 @@
 # maxtext_example.log, maxtext_bench.log, lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-SUMMARY=$OUT/summary.txt
-note() { echo "$*" | tee -a "$SUMMARY"; }
+. tools/gpu-log.sh
 note "gpu-maxtext-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none);" \
   "$($PY -c 'import sys, jax; print("Python", sys.version.split()[0], "jax", jax.__version__)' 2>&1 | tail -1)"
 MT_SITE=${MT_SITE:-$PWD/.whl/maxtext-site}

@@ -5,11 +5,7 @@
 # Logs go to $OUT (default ./gpu-check-out): py_install.log pytest.log example.log example_bench.log.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-SUMMARY=$OUT/summary.txt
-note() { echo "$*" | tee -a "$SUMMARY"; }
+. tools/gpu-log.sh
 # SITE_DIR: a package already installed with `pip install --target SITE_DIR .` (for example built on a machine
 # without a GPU and carried here); otherwise the package is built and installed here into /tmp/sinkattn-site.
 . tools/gpu-py-site.sh

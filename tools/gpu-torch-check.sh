@@ -20,13 +20,8 @@
 # torch_example.log torch_example_bench.log torch_cp_pytest.log torch_cp_bench.log, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-SUMMARY=$OUT/summary.txt
 STEPS=${TORCH_STEPS:-"pytest cp bench overhead example examplebench cpbench"}
-note() { echo "$*" | tee -a "$SUMMARY"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. tools/gpu-log.sh
 . tools/gpu-py-site.sh
 sinkattn_site reuse torch || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}

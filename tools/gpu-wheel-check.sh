@@ -14,13 +14,8 @@
 # torch_pytest.log, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-SUMMARY=$OUT/summary.txt
 STEPS=${WHEEL_STEPS:-"info jax hf"}
-note() { echo "$*" | tee -a "$SUMMARY"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. tools/gpu-log.sh
 
 whl=$(ls dist/sinkattn-*.whl 2>/dev/null | head -1)
 [ -n "$whl" ] || { note "no dist/sinkattn-*.whl here: build it with tools/build-wheel.sh and carry dist"; exit 1; }
