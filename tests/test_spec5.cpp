@@ -44,7 +44,8 @@ void both_ways(const ref::Result& act, const ref::References& refs, const std::s
   for (double factor : {2.1, 3.0}) {
     ref::Result bad = act;
     bad.*field = planted(refs.ref64.*field, refs.lowp.*field, factor);
-    const ref::ErrorRow& b = row_of(ref::error_table(bad, refs, SINKATTN_F32), name);
+    const auto bad_rows = ref::error_table(bad, refs, SINKATTN_F32);  // row_of refers into it
+    const ref::ErrorRow& b = row_of(bad_rows, name);
     EXPECT_NEAR(b.err, factor * r.lowp_err, 1e-3 * b.err);
     EXPECT_FALSE(b.pass) << name << ": a planted error of " << factor << "x the plain one passed (err " << b.err
                          << ", tolerance " << b.tolerance << ")";
