@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests what users install, with no compiler on PATH: a fresh virtual environment (build/wheel-venv) gets the wheel's
-# requirements with its [hf] extra (jax, torch, transformers) and pytest from uv (its cache, filled by
+# requirements with its [hf] extra (jax, torch, transformers), pytest and pytest-xdist from uv (its cache, filled by
 # tools/setup-deps.sh, makes this seconds), then the wheel from pip as users install it
 # (`pip install 'dist/sinkattn-...whl[hf]'`); then `sinkattn info`, `sinkattn check` on a preset, and the Python tests
 # (tests/python: JAX, PyTorch on CPU tensors, HF GPT-OSS) against the installed package. PATH holds no nvcc, gcc, g++, cc, c++, cpp, clang, cmake, ccache
@@ -41,7 +41,7 @@ uv=$PWD/.venv/bin/uv
 rm -rf "$venv"
 t0=$(date +%s)
 run "$uv" venv -q --seed --python "$python" "$venv"
-run "$uv" pip install -q --python "$venv/bin/python" "$whl[hf]" pytest
+run "$uv" pip install -q --python "$venv/bin/python" "$whl[hf]" pytest pytest-xdist
 run "$uv" pip uninstall -q --python "$venv/bin/python" sinkattn
 t1=$(date +%s)
 run "$venv/bin/python" -m pip install -q "$whl[hf]"
@@ -62,5 +62,8 @@ run sinkattn info
 run sinkattn check --preset gpt-oss-20b --seqlen 64 --seed 1 >/dev/null
 echo "test-wheel: sinkattn check --preset gpt-oss-20b --seqlen 64: passed"
 
+# One pytest worker per core, each taking whole files (--dist loadfile: a file's module-scoped groups, such as the
+# spawned torch.distributed processes of test_torch_context_parallel.py, start once): 658 -> 464 s on 2 cores
+# (2026-12-06, commit 158fe91, the 2-core development machine).
 run CC="$cc" CXX="$cxx" XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=8}" \
-  "$venv/bin/python" -m pytest tests/python -q "$@"
+  "$venv/bin/python" -m pytest tests/python -q -n auto --dist loadfile "$@"
