@@ -17,13 +17,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_report.hpp"
 #include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -66,27 +65,13 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
 }
 
 // "2026-12-05T17:40:00Z"
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
   // Usage: sinkattn_gpu_bench [reps] [shape-substring] [--json FILE] (e.g. `1 mha` to profile one shape's kernels
   // with ncu; `all`: every row, the extra ones included).
-  std::vector<std::string> args;
-  std::string json_path, command = "sinkattn_gpu_bench";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-      continue;
-    }
-    args.push_back(argv[i]);
-    command += std::string(" ") + argv[i];
-  }
+  const sinkattn_bench::Args cli = sinkattn_bench::parse_args(argc, argv, "sinkattn_gpu_bench");
+  const std::vector<std::string>& args = cli.positional;
   const int reps = args.size() > 0 ? std::atoi(args[0].c_str()) : 20;
   const std::string only = args.size() > 1 ? args[1] : "";
   const Shape shapes[] = {{"gpt-oss-full", 2, 4096, 64, 8, 64, -1, true},
@@ -102,8 +87,12 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);
-  nlohmann::ordered_json report = {{"tool", "sinkattn_gpu_bench"}, {"command", command}, {"date", utc_now()},
-                                   {"gpu", prop.name},           {"reps", reps},       {"dtype", "bf16"},
+  nlohmann::ordered_json report = {{"tool", "sinkattn_gpu_bench"},
+                                   {"command", cli.command},
+                                   {"date", sinkattn_bench::utc_now()},
+                                   {"gpu", prop.name},
+                                   {"reps", reps},
+                                   {"dtype", "bf16"},
                                    {"rows", nlohmann::ordered_json::array()}};
   std::printf("%-20s %10s %10s %10s %10s %10s %12s %8s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
               "f+b ms", "bwd det ms", "det x", "x plain");
@@ -264,13 +253,5 @@ int main(int argc, char** argv) {
     }
     for (void* x : {out, dq, dk, dv, lse, sinks, dsinks, ws, bias, dbias, rng_state}) cudaFree(x);
   }
-  if (!json_path.empty()) {
-    std::ofstream js(json_path);
-    js << report.dump(1) << "\n";
-    if (!js) {
-      std::printf("could not write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  return sinkattn_bench::write_report(report, cli.json_path);
 }

@@ -18,13 +18,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_report.hpp"
 #include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -96,24 +95,12 @@ Timing time_calls(int n_calls, F&& call, int iters, cudaStream_t st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args;
-  std::string json_path, command = "sinkattn_gpu_bench_decode";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-      continue;
-    }
-    args.push_back(argv[i]);
-    command += std::string(" ") + argv[i];
-  }
+  const sinkattn_bench::Args cli = sinkattn_bench::parse_args(argc, argv, "sinkattn_gpu_bench_decode");
+  const std::vector<std::string>& args = cli.positional;
   const int iters = args.size() > 0 ? std::atoi(args[0].c_str()) : 50;
   const std::string only = args.size() > 1 ? args[1] : "";
   const int force_splits = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
-  char date[32];
-  {
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  }
+  const std::string date = sinkattn_bench::utc_now();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t st;
@@ -145,7 +132,7 @@ int main(int argc, char** argv) {
   std::printf("%-8s %4s %5s %7s %10s %10s %10s %9s %8s %8s\n", "layer", "page", "batch", "context", "KV read MB",
               "us (graph)", "us (strm)", "GB/s", "% copy", "x floor");
   nlohmann::ordered_json report = {
-      {"tool", "sinkattn_gpu_bench_decode"}, {"command", command},
+      {"tool", "sinkattn_gpu_bench_decode"}, {"command", cli.command},
       {"date", date},                        {"gpu", prop.name},
       {"sms", prop.multiProcessorCount},     {"shape", {{"h_q", kHq}, {"h_kv", kHkv}, {"d", kD}}},
       {"iters", iters},                      {"num_splits", force_splits},
@@ -270,13 +257,5 @@ int main(int argc, char** argv) {
       for (void* x : {static_cast<void*>(k), static_cast<void*>(v), q, out, lse, sinks, used}) cudaFree(x);
     }
   }
-  if (!json_path.empty()) {
-    std::ofstream js(json_path);
-    js << report.dump(1) << "\n";
-    if (!js) {
-      std::printf("could not write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  return sinkattn_bench::write_report(report, cli.json_path);
 }
