@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+from bench_util import context_label, parse_context, visible_pairs
+
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (the device machines require it), before JAX/NCCL
 
 
@@ -70,23 +72,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSh
 import sinkattn.jax as sj  # noqa: E402
 from sinkattn.jax import ring  # noqa: E402
 from sinkattn.jax.ulysses import ulysses_dot_product_attention  # noqa: E402
-
-
-def _ctx(s):
-    s = s.strip().lower()
-    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
-
-
-def _label(L):
-    return f"{L // 1024}k" if L % 1024 == 0 else str(L)
-
-
-def visible_pairs(L, window):
-    """Causal pairs (i >= j) of one sequence of L tokens, within window (i - j <= window) when window >= 0."""
-    if window < 0 or window >= L - 1:
-        return L * (L + 1) // 2
-    w = window + 1
-    return w * (w + 1) // 2 + (L - w) * w
 
 
 def _mask(layer, window):
@@ -144,7 +129,7 @@ def main():
     else:
         counts = [int(x) for x in ARGS.devices.split(",")]
     counts = [n for n in counts if n <= n_dev]
-    contexts = [_ctx(c) for c in ARGS.contexts.split(",")]
+    contexts = [parse_context(c) for c in ARGS.contexts.split(",")]
     layers = ARGS.layers.split(",")
     modes = ARGS.modes.split(",")
     B, HQ, HKV, D, W = ARGS.batch, ARGS.heads, ARGS.kv_heads, ARGS.head_dim, ARGS.window
@@ -230,7 +215,7 @@ def main():
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         se = "" if r["strong_efficiency"] is None else f"{100 * r['strong_efficiency']:.1f}%"
-        print(f"| {r['N']} | {_label(r['context'])} | {r['layer']} | {r['mode']} | {r['t_ms']:.2f} | "
+        print(f"| {r['N']} | {context_label(r['context'])} | {r['layer']} | {r['mode']} | {r['t_ms']:.2f} | "
               f"{r['tflops_per_device']:.1f} | {r['t_ref_ms']:.2f} | {100 * r['efficiency']:.1f}% | {se} |")
     print()
     print("t_1(1/N): one GPU, the same layer with h_q/N and h_kv/N heads (1/N of the work), no communication; "
@@ -241,7 +226,7 @@ def main():
     for (n, L, layer), ts in faster.items():
         if len(ts) > 1:
             ts.sort()
-            print(f"N={n} {_label(L)} {layer}: {ts[0][1]} faster ({ts[0][0]:.2f} vs {ts[1][0]:.2f} ms)")
+            print(f"N={n} {context_label(L)} {layer}: {ts[0][1]} faster ({ts[0][0]:.2f} vs {ts[1][0]:.2f} ms)")
     if out_json:
         out_json.close()
     return 0

@@ -31,6 +31,8 @@ import statistics
 import sys
 import time
 
+from bench_util import context_label, parse_context, visible_pairs
+
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (the device machines require it), before NCCL starts
 
 
@@ -57,23 +59,6 @@ def _parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def _ctx(s):
-    s = s.strip().lower()
-    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
-
-
-def _label(L):
-    return f"{L // 1024}k" if L % 1024 == 0 else str(L)
-
-
-def visible_pairs(L, window):
-    """Causal pairs (i >= j) of one sequence of L tokens, within window (i - j <= window) when window >= 0."""
-    if window < 0 or window >= L - 1:
-        return L * (L + 1) // 2
-    w = window + 1
-    return w * (w + 1) // 2 + (L - w) * w
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +82,7 @@ def _worker(rank, world, port, args, rows_out):
                             device_id=dev)
     group = dist.group.WORLD
     B, HQ, HKV, D, W = args.batch, args.heads, args.kv_heads, args.head_dim, args.window
-    contexts = [_ctx(c) for c in args.contexts.split(",")]
+    contexts = [parse_context(c) for c in args.contexts.split(",")]
     ref_cache = {}
 
     def timed(step):
@@ -248,7 +233,7 @@ def main():
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         se = "" if r["strong_efficiency"] is None else f"{100 * r['strong_efficiency']:.1f}%"
-        print(f"| {r['N']} | {_label(r['context'])} | {r['layer']} | {r['mode']} | {r['t_ms']:.2f} | "
+        print(f"| {r['N']} | {context_label(r['context'])} | {r['layer']} | {r['mode']} | {r['t_ms']:.2f} | "
               f"{r['tflops_per_device']:.1f} | {r['t_ref_ms']:.2f} | {100 * r['efficiency']:.1f}% | {se} |")
     print()
     print("t_1(1/N): one GPU, the same layer with h_q/N and h_kv/N heads (1/N of the work), no communication; "

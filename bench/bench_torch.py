@@ -26,6 +26,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from bench_util import visible_pairs
+
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover
@@ -41,10 +43,6 @@ SHAPES = [
 ]
 FLEX_SHAPES = ("gpt-oss-full", "gpt-oss-sliding", "mha-d128")
 ROWS = []  # what --json writes: one dict per (shape, method)
-
-
-def visible_pairs(s, window):
-    return sum(min(i + 1, window + 1) if window >= 0 else i + 1 for i in range(s))
 
 
 def random_sets(q_shape, kv_shape, dev, n=3):
