@@ -114,7 +114,7 @@ def plain_low_precision(q, k, v, sinks, g, g_lse, softmax_type, vis):
         (_, (out, lse)), grads = jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
     # SPEC.md section 3's d_sinks with D_i = dot(d_out_i, out_i) of the stored (rounded) out:
     # d_sinks[h] = sum_{n,i} exp(sigma_h - lse_i) (d_lse_i - D_i); the tolerance takes the larger of the two
-    d_rows = jnp.einsum("btnh,btnh->bnt", g.astype(jnp.float32), out.astype(jnp.float32))
+    d_rows = jnp.einsum("btnh,btnh->bnt", g.astype(jnp.float32), out.astype(jnp.float32), precision="highest")
     d_sinks_rounded = jnp.sum(jnp.exp(sinks[None, :, None] - lse) * (g_lse - d_rows), axis=(0, 2))
     return out, lse, list(grads) + [d_sinks_rounded]
 

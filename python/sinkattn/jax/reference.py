@@ -258,7 +258,10 @@ def dot_product_attention(
     ident = lambda x: x  # noqa: E731
     round_fwd, round_bwd = (ident, ident) if _PLAIN[0] is None else _rounding(_PLAIN[0])
     # the cotangent here is dS_ij (before the scale): rounded before dq = scale dS K, dk = scale dS^T Q
-    scores = round_bwd(jnp.einsum("btkgd,bskd->bkgts", qg, k) * jnp.asarray(softmax_scale, dt))
+    # precision=HIGHEST: fp32 products in IEEE fp32 on every platform (JAX's default on a GPU is TF32, whose 10-bit
+    # mantissa would make the plain fp32 evaluation of SPEC.md section 5, and so its tolerances, far too loose).
+    hi = jax.lax.Precision.HIGHEST
+    scores = round_bwd(jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=hi) * jnp.asarray(softmax_scale, dt))
     if bias is not None:
         bb = jnp.asarray(bias)
         bb = bb.reshape((1,) * (4 - bb.ndim) + bb.shape)
@@ -296,7 +299,7 @@ def dot_product_attention(
                             jnp.maximum(pos_k, 0)[:, None, None, None, :], h_q, max_s_q, max_s_kv, dropout_rate)
         prob = jnp.where(keep, prob / (1.0 - dropout_rate), 0)
 
-    out = round_fwd(jnp.einsum("bkgts,bskd->btkgd", round_fwd(prob), v)).reshape(b, t, h_q, v.shape[-1])
+    out = round_fwd(jnp.einsum("bkgts,bskd->btkgd", round_fwd(prob), v, precision=hi)).reshape(b, t, h_q, v.shape[-1])
     out = jnp.where(valid_q[:, :, None, None], out, 0).astype(dt)  # padding rows: out = 0
     lse = lse.reshape(b, h_q, t)
     if varlen or jnp.asarray(query).ndim == 3:
