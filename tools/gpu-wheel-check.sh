@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # On a GPU machine (no network): the wheel users install (dist/sinkattn-*.whl of tools/build-wheel.sh, carried from
 # the machine that built it), installed with `pip install --no-deps --target` next to the machine's own torch and
-# JAX (CUDA), and run from there, in two device calls (10 minutes a call):
-#   WHEEL_STEPS="info jax hf"  the installed `sinkattn` console script: `info` and `check --preset gpt-oss-20b` on the
-#                              GPU; the JAX tests on JAX's GPU backend (tools/gpu-python-check.sh); the HF GPT-OSS
-#                              training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first steps
-#                              checked against eager, then 100 steps)
-#   WHEEL_STEPS="torch"        the PyTorch tests on the GPU (tools/gpu-torch-check.sh)
-#   WHEEL_STEPS="suite"        the C++ GPU programs of the same CMake build (build/tests/gpu, carried with dist: they
-#                              link the wheel's libsinkattn.so) through tools/gpu-check.sh, its steps in SUITE_STEPS
-#                              (default "suite concurrency decode sanitizer determinism"), logs in $OUT/cpp
+# JAX (CUDA), and run from there, in three device calls (10 minutes a call; on 2026-12-06, H100: "info suite" 278 s,
+# "hf torch" about 250 s, "jax" 273 s on one machine and about 450 s on another):
+#   WHEEL_STEPS="info"   the installed `sinkattn` console script: `info` and `check --preset gpt-oss-20b` on the GPU
+#   WHEEL_STEPS="suite"  the C++ GPU programs of the same CMake build (build/tests/gpu, carried with dist: they link
+#                        the wheel's libsinkattn.so) through tools/gpu-check.sh, its steps in SUITE_STEPS (default
+#                        "suite concurrency decode sanitizer determinism"), logs in $OUT/cpp
+#   WHEEL_STEPS="jax"    the JAX tests on JAX's GPU backend (tools/gpu-python-check.sh)
+#   WHEEL_STEPS="hf"     the HF GPT-OSS training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first
+#                        steps checked against eager, then 100 steps)
+#   WHEEL_STEPS="torch"  the PyTorch tests on the GPU (tools/gpu-torch-check.sh)
 # Logs go to $OUT (default ./gpu-check-out): wheel_install.log wheel_info.log pytest.log wheel_hf.log
 # torch_pytest.log, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-STEPS=${WHEEL_STEPS:-"info jax hf"}
+STEPS=${WHEEL_STEPS:-"info suite"}
 . tools/gpu-log.sh
 
 whl=$(ls dist/sinkattn-*.whl 2>/dev/null | head -1)
