@@ -12,7 +12,8 @@
 // The parts: the prologue (the block's tile and keys, its K / V loads) bwd_sm90_prologue.cuh; the products of a step
 // bwd_sm90_products.cuh; the dq adds and the deterministic turns bwd_sm90_dq.cuh; the staged bias tiles
 // bias_staging.cuh; the keep producer keep_producers.cuh; dK / dV bwd_sm90_epilogue.cuh. This file: the traits, the
-// shared-memory layout (DkvSm90Smem), the loads of a step (DkvSm90Loads) and the kernel, which runs the steps.
+// shared-memory layout (DkvSm90Smem), the loads of a step (DkvSm90Loads), the step's two halves (DkvSm90Math) and the
+// kernel, which runs the steps.
 // Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), BM query rows per step:
 // 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; dQ then split by rows:
 // DkvSm90Traits::kDqSplitRows). The text below describes BM = 64; at 128 the S^T / dP^T products are m64n128, the

@@ -36,7 +36,8 @@
 // Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
 // from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
 // The parts are bwd_dkdv_sm90.cuh's (the prologue, products, dq adds, epilogue in files of their own); this file: the
-// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads) and the kernel.
+// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads), its dQ and dK products
+// (wide_dq_dk) and the kernel.
 // kDet: as bwd_dkdv_sm90.cuh's kDet with a turn per step (dq_turn_per_step): the block's tile comes from a ticket,
 // steps run query-block-major and descending, the step's turn is waited for before its adds (thread 0 for a tile
 // it adds by TMA in the next step, else lane 0 of every warp before the warp's atomics), and thread 0 releases the
