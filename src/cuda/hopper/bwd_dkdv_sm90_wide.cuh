@@ -36,8 +36,7 @@
 // Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
 // from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
 // The parts are bwd_dkdv_sm90.cuh's (the prologue, products, dq adds, epilogue in files of their own); this file: the
-// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads), its dQ and dK products
-// (wide_dq_dk) and the kernel.
+// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads) and the kernel.
 // kDet: as bwd_dkdv_sm90.cuh's kDet with a turn per step (dq_turn_per_step): the block's tile comes from a ticket,
 // steps run query-block-major and descending, the step's turn is waited for before its adds (thread 0 for a tile
 // it adds by TMA in the next step, else lane 0 of every warp before the warp's atomics), and thread 0 releases the
@@ -87,27 +86,13 @@ struct DkvSm90WideSmem {
     bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);
     ticket = reinterpret_cast<unsigned*>(bars + 2);
   }
-  // Stage b's Q and dO tiles.
-  __device__ __forceinline__ T* q_tile(int b) const { return stages + b * 2 * BM * HD; }
-  __device__ __forceinline__ T* do_tile(int b) const { return stages + b * 2 * BM * HD + BM * HD; }
-  // The dQ tile's 32-column fp32 box bx in stage b: after the step's last barrier warpgroup wg's dV and dK still read
-  // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
-  // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
-  // overwrites only what it alone reads, once its own products have completed (with the boxes in column order, the
-  // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
-  __device__ __forceinline__ unsigned char* dq_box(int b, int bx) const {
-    const int w = bx >> 2, j = bx & 3;
-    return reinterpret_cast<unsigned char*>(stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
-           w * (BM * 128 * 2) + (j & 1) * (BM * 128);
-  }
-  static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
 };
 
 // The loads of step (query head ih of the group, query block qb_lo + iq) into stage buf (the kernel's state, by
 // reference): Q and dO by TMA where all BM rows lie in the sequence (tma_block; thread kLoader arms bars[buf]), else
 // by cp.async (rows past len_q zero-filled); the rows' LSE2 / D into registers (pf; stored one step later). kDet:
 // other threads than thread 0 load (bwd_dkdv_sm90.cuh says why: the turns' releases).
-template <typename T, typename Tr, int kLoader, typename TmaBlock>
+template <typename T, typename Tr, int kLoader, typename TmaBlock, typename QTile, typename DoTile>
 struct DkvSm90WideLoads {
   static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
   const int& hk;
@@ -118,7 +103,9 @@ struct DkvSm90WideLoads {
   const DkvSm90WideSmem<T, Tr>& sm;
   const SeqInfo& sq;
   const int& n;
+  const QTile& q_tile;
   const Sm90Tma& tma;
+  const DoTile& do_tile;
   const KeyTile<BN>& kt;
   RowStatsPrefetch<BM>& pf;
   const int& pf_tid;
@@ -132,50 +119,19 @@ struct DkvSm90WideLoads {
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
         for (int c = 0; c < HD / 64; ++c) {
-          tma_load_4d(sm.q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
-          tma_load_4d(sm.do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
         }
       }
     } else {
       const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
       const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
-      load_tile_sw<BM, HD, Tr::kThreads>(sm.q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_sw<BM, HD, Tr::kThreads>(sm.do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     }
     pf.load(p, sq, n, h, i0, pf_tid);
   }
 };
-
-// The dQ and dK products of a step of bwd_dkdv_sm90_wide_kernel (after the barrier that follows dS^T) for warpgroup
-// columns n0 .. n0 + HN of each (descriptors: the kernel's), with thread row r of the tile: dQ = dS K, dK += dS^T Q,
-// and turn() (kDet's turn) while they run. A full query block's dQ tile (tma_dq) goes to the step's stage once dK has
-// read it, its reduce-adds issued after the next barrier (staged); other blocks add by float4 atomics while dK runs.
-// (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
-template <typename T, typename Tr, typename TmaDq, typename Turn>
-__device__ __forceinline__ void wide_dq_dk(float (&acc_dk)[Tr::kHalf / 8][4], float (&acc_dv)[Tr::kHalf / 8][4],
-                                           uint64_t ddS_mn0, uint64_t dKn0, uint64_t ddS0, uint64_t dQn0,
-                                           const DkvSm90WideSmem<T, Tr>& sm, int buf, const Params& p,
-                                           const SeqInfo& sq, int n, int h, int i0, int n0, int r, int t,
-                                           const TmaDq& tma_dq, const Turn& turn, DqStaged& staged) {
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
-  float accq[Tr::kHalf / 8][4];
-  wgmma_fence();
-  issue_dq_desc<T, BN>(accq, ddS_mn0, dKn0);      // dQ[:, n0 .. n0 + HN) = dS K
-  issue_mma_desc<T, BN, BM>(acc_dk, ddS0, dQn0);  // dK[:, n0 .. n0 + HN) += dS^T Q
-  turn();
-  wgmma_wait<1>();  // dV, dQ (dK still running)
-  fence_acc(accq);
-  const bool by_tma = tma_dq(i0);  // block-uniform
-  if (!by_tma) dq_atomic_add4(p, sq, n, h, i0, r, n0, t, accq);  // float4 atomics while dK runs
-  wgmma_wait<0>();  // dK: this step's Q and dO are read
-  fence_acc(acc_dk);
-  fence_acc(acc_dv);
-  if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
-    dq_stage_boxes<BM>([&](int bx) { return sm.dq_box(buf, bx); }, accq, r, n0, t);
-    fence_proxy_async();
-    staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
-  }
-}
 
 template <typename T, int HD, bool kDet>
 __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
@@ -185,6 +141,19 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HN = Tr::kHalf, QC = Tr::kCols, NT = QC / 8, NO = HN / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const DkvSm90WideSmem<T, Tr> sm(smem_raw);
+  const auto q_tile = [&](int b) { return sm.stages + b * 2 * BM * HD; };
+  const auto do_tile = [&](int b) { return sm.stages + b * 2 * BM * HD + BM * HD; };
+  // The dQ tile's 32-column fp32 boxes in a stage: after the step's last barrier warpgroup wg's dV and dK still read
+  // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
+  // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
+  // overwrites only what it alone reads, once its own products have completed (with the boxes in column order, the
+  // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
+  const auto dq_box = [&](int b, int bx) {
+    const int w = bx >> 2, j = bx & 3;
+    return reinterpret_cast<unsigned char*>(sm.stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
+           w * (BM * 128 * 2) + (j & 1) * (BM * 128);
+  };
+  static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;
@@ -209,9 +178,10 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   // and the consuming step agree on it); its dq tile is added by TMA reduce-adds (bwd_sm90_dq.cuh).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
   auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
-  DqStaged staged;  // the previous step staged a dQ tile (in its stage, the other one)
+  bool pending = false;  // the previous step staged a dQ tile (in its stage, the other one)
+  int pending_h = 0, pending_row = 0;
   auto add_pending = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
-    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.dq_box(b, bx); }, p.d, staged.row, staged.h);
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return dq_box(b, bx); }, p.d, pending_row, pending_h);
   };
   if (tid == 0) {
     mbar_init(&sm.bars[0], 1);
@@ -225,8 +195,8 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   RowStatsPrefetch<BM> pf;
   constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;
-  const DkvSm90WideLoads<T, Tr, kLoader, decltype(tma_block)> load{hk, p, qb_lo, tma_block, tid, sm, sq, n, tma, kt,
-                                                                   pf, pf_tid};
+  const DkvSm90WideLoads<T, Tr, kLoader, decltype(tma_block), decltype(q_tile), decltype(do_tile)> load{
+      hk, p, qb_lo, tma_block, tid, sm, sq, n, q_tile, tma, do_tile, kt, pf, pf_tid};
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
@@ -262,9 +232,9 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     fence_proxy_async();
     __syncthreads();  // the step's tiles are in; every product and dQ store of the previous step has completed
     // thread 0: the reduce-adds of the previous step's tile (kDet: that step's turn is held)
-    const bool issued = staged.pending && tid == 0;
+    const bool issued = pending && tid == 0;
     if (issued) add_pending(buf ^ 1);
-    staged.pending = false;
+    pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
@@ -274,8 +244,8 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     if constexpr (kDet) {
       if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
-    const T* q_cur = sm.q_tile(buf);
-    const T* do_cur = sm.do_tile(buf);
+    const T* q_cur = q_tile(buf);
+    const T* do_cur = do_tile(buf);
     const uint64_t dQ0 = desc_kmajor_sw<BM>(q_cur + c0 * 64, 0), dO0 = desc_kmajor_sw<BM>(do_cur + c0 * 64, 0);
     const uint64_t dQn0 = desc_mnmajor_sw<BM>(q_cur + (n0 / 64) * BM * 64, 0);
     const uint64_t dOn0 = desc_mnmajor_sw<BM>(do_cur + (n0 / 64) * BM * 64, 0);
@@ -303,17 +273,43 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     store_frag(sm.sdS, dpv);
     fence_proxy_async();
     __syncthreads();  // dS^T complete
-    auto turn = [&] {
+    {
+      float accq[NO][4];
+      wgmma_fence();
+      issue_dq_desc<T, BN>(accq, ddS_mn0, dKn0);   // dQ[:, n0 .. n0 + HN) = dS K
+      issue_mma_desc<T, BN, BM>(acc_dk, ddS0, dQn0);  // dK[:, n0 .. n0 + HN) += dS^T Q
       if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
-    };
-    wide_dq_dk<T, Tr>(acc_dk, acc_dv, ddS_mn0, dKn0, ddS0, dQn0, sm, buf, p, sq, n, h, i0, n0, wl * 16 + g, t, tma_dq,
-                      turn, staged);
+      // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
+      wgmma_wait<1>();  // dV, dQ (dK still running)
+      fence_acc(accq);
+      const bool by_tma = tma_dq(i0);  // block-uniform
+      if (!by_tma) dq_atomic_add4(p, sq, n, h, i0, wl * 16 + g, n0, t, accq);  // float4 atomics while dK runs
+      wgmma_wait<0>();  // dK: this step's Q and dO are read
+      fence_acc(acc_dk);
+      fence_acc(acc_dv);
+      if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
+        dq_stage_boxes<BM>([&](int bx) { return dq_box(buf, bx); }, accq, wl * 16 + g, n0, t);
+        fence_proxy_async();
+        pending = true;
+        pending_h = h;
+        pending_row = static_cast<int>(ws_row(p, sq, n, i0));
+      }
+    }
     if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
-  dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, [] { __syncthreads(); },
-                         [&] { add_pending((iters - 1) & 1); });
+  if (pending) {  // the last step's tile (uniform: a function of its query block)
+    __syncthreads();
+    if (tid == 0) add_pending((iters - 1) & 1);
+  }
+  if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
+  if constexpr (kDet) {
+    if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
+      __syncthreads();
+      release_last_dq_turn<Turns>(blk, p, tid);
+    }
+  }
   cp_async_wait<0>();
   store_dkdv<T>(p, kt, wl * 16, n0, acc_dk, acc_dv, lane);
 #endif
