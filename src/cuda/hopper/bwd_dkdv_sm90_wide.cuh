@@ -86,13 +86,27 @@ struct DkvSm90WideSmem {
     bars = reinterpret_cast<uint64_t*>(sD + 2 * BM);
     ticket = reinterpret_cast<unsigned*>(bars + 2);
   }
+  // Stage b's Q and dO tiles.
+  __device__ __forceinline__ T* q_tile(int b) const { return stages + b * 2 * BM * HD; }
+  __device__ __forceinline__ T* do_tile(int b) const { return stages + b * 2 * BM * HD + BM * HD; }
+  // The dQ tile's 32-column fp32 box bx in stage b: after the step's last barrier warpgroup wg's dV and dK still read
+  // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
+  // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
+  // overwrites only what it alone reads, once its own products have completed (with the boxes in column order, the
+  // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
+  __device__ __forceinline__ unsigned char* dq_box(int b, int bx) const {
+    const int w = bx >> 2, j = bx & 3;
+    return reinterpret_cast<unsigned char*>(stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
+           w * (BM * 128 * 2) + (j & 1) * (BM * 128);
+  }
+  static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
 };
 
 // The loads of step (query head ih of the group, query block qb_lo + iq) into stage buf (the kernel's state, by
 // reference): Q and dO by TMA where all BM rows lie in the sequence (tma_block; thread kLoader arms bars[buf]), else
 // by cp.async (rows past len_q zero-filled); the rows' LSE2 / D into registers (pf; stored one step later). kDet:
 // other threads than thread 0 load (bwd_dkdv_sm90.cuh says why: the turns' releases).
-template <typename T, typename Tr, int kLoader, typename TmaBlock, typename QTile, typename DoTile>
+template <typename T, typename Tr, int kLoader, typename TmaBlock>
 struct DkvSm90WideLoads {
   static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim;
   const int& hk;
@@ -103,9 +117,7 @@ struct DkvSm90WideLoads {
   const DkvSm90WideSmem<T, Tr>& sm;
   const SeqInfo& sq;
   const int& n;
-  const QTile& q_tile;
   const Sm90Tma& tma;
-  const DoTile& do_tile;
   const KeyTile<BN>& kt;
   RowStatsPrefetch<BM>& pf;
   const int& pf_tid;
@@ -119,15 +131,15 @@ struct DkvSm90WideLoads {
         const int row = static_cast<int>(sq.q_start) + i0, nb = p.varlen ? 0 : n;
 #pragma unroll
         for (int c = 0; c < HD / 64; ++c) {
-          tma_load_4d(q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
-          tma_load_4d(do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(sm.q_tile(buf) + c * BM * 64, &tma.q, c * 64, row, h, nb, &sm.bars[buf]);
+          tma_load_4d(sm.do_tile(buf) + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &sm.bars[buf]);
         }
       }
     } else {
       const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
       const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
-      load_tile_sw<BM, HD, Tr::kThreads>(q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
-      load_tile_sw<BM, HD, Tr::kThreads>(do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(sm.q_tile(buf), qg, p.q_st.s, sq.len_q - i0, p.d, tid);
+      load_tile_sw<BM, HD, Tr::kThreads>(sm.do_tile(buf), dog, p.dout_st.s, sq.len_q - i0, p.d_v, tid);
     }
     pf.load(p, sq, n, h, i0, pf_tid);
   }
@@ -141,19 +153,6 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HN = Tr::kHalf, QC = Tr::kCols, NT = QC / 8, NO = HN / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const DkvSm90WideSmem<T, Tr> sm(smem_raw);
-  const auto q_tile = [&](int b) { return sm.stages + b * 2 * BM * HD; };
-  const auto do_tile = [&](int b) { return sm.stages + b * 2 * BM * HD + BM * HD; };
-  // The dQ tile's 32-column fp32 boxes in a stage: after the step's last barrier warpgroup wg's dV and dK still read
-  // dO and Q columns [128 wg, 128 wg + 128) (panels 2 wg, 2 wg + 1 of each), so the four boxes of its columns go
-  // there: boxes 4 wg, 4 wg + 1 over its Q panels, 4 wg + 2, 4 wg + 3 over its dO panels. Each warpgroup then
-  // overwrites only what it alone reads, once its own products have completed (with the boxes in column order, the
-  // first warpgroup's would cover the whole Q tile while the other's dK still read it: NaN in dK under racecheck).
-  const auto dq_box = [&](int b, int bx) {
-    const int w = bx >> 2, j = bx & 3;
-    return reinterpret_cast<unsigned char*>(sm.stages + b * 2 * BM * HD) + (j < 2 ? 0 : BM * HD * 2) +
-           w * (BM * 128 * 2) + (j & 1) * (BM * 128);
-  };
-  static_assert(BM * HD * 4 == 2 * BM * HD * 2 && HD == 256, "a stage holds its step's fp32 dQ tile");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wl = warp & 3;
@@ -181,7 +180,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   bool pending = false;  // the previous step staged a dQ tile (in its stage, the other one)
   int pending_h = 0, pending_row = 0;
   auto add_pending = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
-    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return dq_box(b, bx); }, p.d, pending_row, pending_h);
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.dq_box(b, bx); }, p.d, pending_row, pending_h);
   };
   if (tid == 0) {
     mbar_init(&sm.bars[0], 1);
@@ -195,8 +194,8 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   RowStatsPrefetch<BM> pf;
   constexpr int kLoader = kDet ? 32 : 0;
   const int pf_tid = kDet ? tid ^ BM : tid;
-  const DkvSm90WideLoads<T, Tr, kLoader, decltype(tma_block), decltype(q_tile), decltype(do_tile)> load{
-      hk, p, qb_lo, tma_block, tid, sm, sq, n, q_tile, tma, do_tile, kt, pf, pf_tid};
+  const DkvSm90WideLoads<T, Tr, kLoader, decltype(tma_block)> load{hk, p, qb_lo, tma_block, tid, sm, sq, n, tma, kt,
+                                                                   pf, pf_tid};
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
   if (iters > 0) {
@@ -244,8 +243,8 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     if constexpr (kDet) {
       if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
-    const T* q_cur = q_tile(buf);
-    const T* do_cur = do_tile(buf);
+    const T* q_cur = sm.q_tile(buf);
+    const T* do_cur = sm.do_tile(buf);
     const uint64_t dQ0 = desc_kmajor_sw<BM>(q_cur + c0 * 64, 0), dO0 = desc_kmajor_sw<BM>(do_cur + c0 * 64, 0);
     const uint64_t dQn0 = desc_mnmajor_sw<BM>(q_cur + (n0 / 64) * BM * 64, 0);
     const uint64_t dOn0 = desc_mnmajor_sw<BM>(do_cur + (n0 / 64) * BM * 64, 0);
@@ -288,7 +287,7 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
       fence_acc(acc_dk);
       fence_acc(acc_dv);
       if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
-        dq_stage_boxes<BM>([&](int bx) { return dq_box(buf, bx); }, accq, wl * 16 + g, n0, t);
+        dq_stage_boxes<BM>([&](int bx) { return sm.dq_box(buf, bx); }, accq, wl * 16 + g, n0, t);
         fence_proxy_async();
         pending = true;
         pending_h = h;
