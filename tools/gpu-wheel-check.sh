@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine (no network): the wheel users install (dist/sinkattn-*.whl of tools/build-wheel.sh, carried from
 # the machine that built it), installed with `pip install --no-deps --target` next to the machine's own torch and
-# JAX (CUDA), and run from there, in three device calls (10 minutes a call; on 2026-12-06, H100: "info suite" 278 s,
-# "hf torch" about 250 s, "jax" 273 s on one machine and about 450 s on another):
+# JAX (CUDA), and run from there, in three device calls of 10 minutes at most: "info suite", "jax", "hf torch" (on
+# 2026-12-06, H100: "info suite" 278 s; the JAX tests 273 s, the PyTorch tests 211 s; tools/gpu-python-check.sh on
+# a slower machine):
 #   WHEEL_STEPS="info"   the installed `sinkattn` console script: `info` and `check --preset gpt-oss-20b` on the GPU
 #   WHEEL_STEPS="suite"  the C++ GPU programs of the same CMake build (build/tests/gpu, carried with dist: they link
 #                        the wheel's libsinkattn.so) through tools/gpu-check.sh, its steps in SUITE_STEPS (default

@@ -64,7 +64,6 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
   return p;
 }
 
-// "2026-12-05T17:40:00Z"
 }  // namespace
 
 int main(int argc, char** argv) {
