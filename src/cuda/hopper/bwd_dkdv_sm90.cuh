@@ -12,7 +12,8 @@
 // The parts: the prologue (the block's tile and keys, its K / V loads) bwd_sm90_prologue.cuh; the products of a step
 // bwd_sm90_products.cuh; the dq adds and the deterministic turns bwd_sm90_dq.cuh; the staged bias tiles
 // bias_staging.cuh; the keep producer keep_producers.cuh; dK / dV bwd_sm90_epilogue.cuh. This file: the traits, the
-// shared-memory layout (DkvSm90Smem), the loads of a step (DkvSm90Loads) and the kernel, which runs the steps.
+// shared-memory layout (DkvSm90Smem), the loads of a step (DkvSm90Loads), the step's two halves (DkvSm90Math) and the
+// kernel, which runs the steps.
 // Block: 2 warpgroups (256 threads), 128 keys (64 per warpgroup: its dK, dV accumulators), BM query rows per step:
 // 64, or 128 at head dim 64 without bias / dropout (tiles::dkdv_sm90_block_m; dQ then split by rows:
 // DkvSm90Traits::kDqSplitRows). The text below describes BM = 64; at 128 the S^T / dP^T products are m64n128, the
@@ -252,6 +253,114 @@ struct DkvSm90Loads {
   }
 };
 
+// The products of a step of bwd_dkdv_sm90_kernel (their order: the header above) for one warpgroup's 64 keys, with
+// the block's constants: the kernel's state, by reference.
+template <typename T, typename Tr, bool kDropout, bool kBias>
+struct DkvSm90Math {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, NT = BM / 8, NO = HD / 8;
+  static constexpr bool kProducer = Tr::kKeepProducer;
+  const Params& p;
+  const DkvSm90Smem<T, Tr>& sm;
+  const Mask& mk;
+  const SeqInfo& sq;
+  const int& n;
+  const int& hk;
+  const int& j0;
+  const bool& bias_smem;
+  const int& tid;
+  const int& lane;
+  const int& wg;
+  const int& wl;
+  const int& g;
+  const int& t;
+  const int& key_w;
+  const T* const& sK_wg;
+  const T* const& sV_wg;
+
+  // The first half of step it (query head h = member ih of the group, queries i0 .., buffer buf), for thread row r0
+  // of sdS. active (the warpgroup's keys see some query of the block; warpgroup-uniform): S^T = K Q^T, dP^T = V dO^T;
+  // P^T = exp2(S^T sc - LSE2) (kBias: with bias^T; kDropout: dV takes P^T * keep / (1 - p)); dV += P^T dO, issued
+  // and still running on return; dS^T = P^T (dP^T - D), rounded to T, to sdS (for dQ = dS K) and to as (the A operand
+  // of dK, k-step = 16 queries); kBias: dS^T to the d_bias workspace. Not active: as = 0 and zero rows of sdS.
+  __device__ __forceinline__ void ds_t(bool active, float (&acc_dv)[NO][4], uint32_t (&as)[BM / 16][4], int buf,
+                                       int it, int h, int ih, int i0, int r0) const {
+    const T* q_cur = sm.sQ + buf * BM * HD;
+    const T* do_cur = sm.sdO + buf * BM * HD;
+    const float* l_cur = sm.sL + buf * BM;
+    const float* d_cur = sm.sD + buf * BM;
+    if (active) {
+      float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = BM queries
+      wgmma_fence();
+      issue_st<T, BN, HD>(s, sK_wg, q_cur);       // S^T = K Q^T
+      issue_dpt<T, BN, HD>(dpv, sV_wg, do_cur);   // dP^T = V dO^T
+      uint64_t keep_lo = 0, keep_hi = 0;  // kDropout: the step's keep bits of rows r0, r0 + 8 (keep_producers.cuh)
+      if constexpr (kProducer)
+        take_keep_bits<BN>(sm.sKeep, sm.keep_bars, buf, it, r0, t, keep_lo, keep_hi);
+      else if constexpr (kDropout)
+        keep_lo = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
+      const DkvKeepBits<kProducer> keep{keep_lo, keep_hi};
+      BiasPrefetch<T, NT, true> bias;  // kBias: the bias^T of the tile (bias_staging.cuh)
+      BiasSmemView<T, NT, true, SwOffset<BM>> bias_view{SwOffset<BM>{}};
+      prefetch_bias_t<BM, BN, Tr::kBiasBufs>(bias, bias_view, bias_smem, sm.sB, buf, p, n, h, key_w, j0, i0, sq.len_q,
+                                             sq.len_kv, lane);
+      wgmma_wait<1>();  // S^T
+      fence_acc(s);
+      bind_bias_t<Tr::kBiasBufs>(bias_view, bias_smem, sm.sB, sm.bias_bar, it, key_w, j0, lane);
+      float sc_bias = 1.f;
+      pt_from_st<T, kBias>(s, p, mk, n, h, key_w, i0, lane, l_cur, bias_t_source<Tr::kBiasBufs>(bias, bias_view),
+                           sc_bias);  // P^T = exp2(S^T sc - LSE2)
+      uint32_t ap[BM / 16][4];
+      float sd[NT][4];  // kDropout: P^T * keep / (1 - p)
+      pack_pt<T, kDropout>(s, ap, sd, keep, p.dropout_rscale);
+      wgmma_fence();
+      issue_dv<T, HD>(acc_dv, ap, do_cur);  // dV += P^T dO
+      wgmma_wait<1>();  // dP^T (dV still running)
+      fence_acc(dpv);
+      dst_from_dpt<kDropout>(dpv, s, d_cur, t, keep, p.dropout_rscale);  // dS^T = P^T (dP^T - D)
+      store_frag_sw<T, BN>(sm.sdS, dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
+      pack_a_frags<T>(dpv, as);
+      if constexpr (kBias)  // dS^T to the d_bias workspace (dpv is not read after this)
+        store_dbias_step<NT, Tr::kConsumers>(p, dpv, sm.sDb, n, h, hk, ih, key_w, i0, sq.len_q, sq.len_kv, tid, lane);
+    } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
+      if constexpr (kProducer) mbar_arrive(&sm.keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
+      store_zero_frag_sw<BN, NT>(sm.sdS, r0, t);
+    }
+  }
+
+  // The second half, after the barrier that follows every warpgroup's dS^T: dQ = dS K over the block's 128 keys
+  // (BM 64: warpgroup wg's HD / 2 columns; BM 128: its 64 rows, sdS's panel wg) and dK += dS^T Q (as = 0 where the
+  // warpgroup skipped the step); turn() (kDet's turn) while they run. A full query block's dQ tile (tma_dq) goes to
+  // sdQ[buf], its reduce-adds issued after the next barrier (staged); other blocks add by atomics.
+  template <typename TmaDq, typename Turn>
+  __device__ __forceinline__ void dq_dk(float (&acc_dk)[NO][4], float (&acc_dv)[NO][4],
+                                        const uint32_t (&as)[BM / 16][4], int buf, int h, int i0, const TmaDq& tma_dq,
+                                        const Turn& turn, DqStaged& staged) const {
+    constexpr bool kRows = Tr::kDqSplitRows;
+    constexpr int HN = kRows ? HD : HD / 2;
+    const int n0 = kRows ? 0 : wg * HN, m0 = kRows ? wg * 64 : 0;
+    const T* q_cur = sm.sQ + buf * BM * HD;
+    float accq[HN / 8][4];
+    wgmma_fence();
+    issue_dq<T, BN>(accq, sm.sdS, m0, sm.sK, n0);  // dQ = dS K
+    issue_dk<T, HD>(acc_dk, as, q_cur);  // dK += dS^T Q
+    turn();
+    wgmma_wait<1>();  // dV, dQ (dK still running)
+    fence_acc(accq);
+    if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
+      dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
+      fence_proxy_async();
+      staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
+    } else {
+      dq_atomic_add(p, sq, n, h, i0, m0 + wl * 16 + g, n0, t, accq);
+    }
+    wgmma_wait<0>();  // dK: as[] and the Q buffer are free again
+    fence_acc(acc_dk);
+    fence_acc(acc_dv);
+  }
+};
+
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits the producer warpgroup (keep_producer, head dim 64) drew into sKeep, read after the S^T /
 // dP^T issue, or (head dim 128, DkvSm90Traits says why) drawn by the math warpgroups while S^T / dP^T run.
@@ -265,7 +374,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkvSm90Traits<HD, kBias, kDropout, BM_>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BM / 8, NO = HD / 8;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const DkvSm90Smem<T, Tr> sm(smem_raw);
   if constexpr (Tr::kSlack == 0) {
@@ -295,11 +404,10 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
   auto tma_step = [&](int i0) { return tma_block(i0) || (bias_smem && !kBiasOneBuf); };
   auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
-  bool pending = false;  // a staged tile whose reduce-adds are still to be issued: its buffer, head, first ws_dq row
-  int pending_buf = 0, pending_h = 0, pending_row = 0;
-  auto add_pending = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the pending step
-    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.sdQ + pending_buf * BM * HD + bx * BM * 32; }, p.d,
-                      pending_row, pending_h);
+  DqStaged staged;  // a staged tile whose reduce-adds are still to be issued
+  auto add_pending = [&]() {  // thread 0, after a barrier that follows every thread's sdQ stores of the staged step
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.sdQ + staged.buf * BM * HD + bx * BM * 32; }, p.d,
+                      staged.row, staged.h);
   };
   if (tid == 0) sm.init_barriers();
   __syncthreads();
@@ -345,6 +453,8 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   // The warpgroup's 64 rows of K / V (the K-major A operand of S^T / dP^T) start 64 rows into each panel.
   const T* sK_wg = sm.sK + wg * 64 * 64;
   const T* sV_wg = sm.sV + wg * 64 * 64;
+  const DkvSm90Math<T, Tr, kDropout, kBias> math{p, sm, mk, sq, n, hk, j0, bias_smem, tid, lane, wg, wl, g, t, key_w,
+                                                 sK_wg, sV_wg};
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
@@ -358,9 +468,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     fence_proxy_async();
     math_sync();
     // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
-    if (pending && tid == 0) add_pending();
-    const bool issued = pending;
-    pending = false;
+    if (staged.pending && tid == 0) add_pending();
+    const bool issued = staged.pending;
+    staged.pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
@@ -373,53 +483,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     if constexpr (kDet) {
       if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
-    const T* q_cur = sm.sQ + buf * BM * HD;
-    const T* do_cur = sm.sdO + buf * BM * HD;
-    const float* l_cur = sm.sL + buf * BM;
-    const float* d_cur = sm.sD + buf * BM;
-
     const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
     uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
-    const int r0 = wg * 64 + wl * 16 + g;               // this thread's first row of sdS (key)
-    if (active) {
-      float s[NT][4], dpv[NT][4];  // rows = this warp's 16 keys, cols = BM queries
-      wgmma_fence();
-      issue_st<T, BN, HD>(s, sK_wg, q_cur);       // S^T = K Q^T
-      issue_dpt<T, BN, HD>(dpv, sV_wg, do_cur);   // dP^T = V dO^T
-      uint64_t keep_lo = 0, keep_hi = 0;  // kDropout: the step's keep bits of rows r0, r0 + 8 (keep_producers.cuh)
-      if constexpr (kProducer)
-        take_keep_bits<BN>(sm.sKeep, sm.keep_bars, buf, it, r0, t, keep_lo, keep_hi);
-      else if constexpr (kDropout)
-        keep_lo = Dropout(p, n, h).keep_bits<true, NT>(key_w, i0, p.s_kv, lane);
-      const DkvKeepBits<kProducer> keep{keep_lo, keep_hi};
-      BiasPrefetch<T, NT, true> bias;  // kBias: the bias^T of the tile (bias_staging.cuh)
-      BiasSmemView<T, NT, true, SwOffset<BM>> bias_view{SwOffset<BM>{}};
-      prefetch_bias_t<BM, BN, Tr::kBiasBufs>(bias, bias_view, bias_smem, sm.sB, buf, p, n, h, key_w, j0, i0, sq.len_q,
-                                             sq.len_kv, lane);
-      wgmma_wait<1>();  // S^T
-      fence_acc(s);
-      bind_bias_t<Tr::kBiasBufs>(bias_view, bias_smem, sm.sB, sm.bias_bar, it, key_w, j0, lane);
-      float sc_bias = 1.f;
-      pt_from_st<T, kBias>(s, p, mk, n, h, key_w, i0, lane, l_cur, bias_t_source<Tr::kBiasBufs>(bias, bias_view),
-                           sc_bias);  // P^T = exp2(S^T sc - LSE2)
-      uint32_t ap[BM / 16][4];
-      float sd[NT][4];  // kDropout: P^T * keep / (1 - p)
-      pack_pt<T, kDropout>(s, ap, sd, keep, p.dropout_rscale);
-      wgmma_fence();
-      issue_dv<T, HD>(acc_dv, ap, do_cur);  // dV += P^T dO
-      wgmma_wait<1>();  // dP^T (dV still running)
-      fence_acc(dpv);
-      dst_from_dpt<kDropout>(dpv, s, d_cur, t, keep, p.dropout_rscale);  // dS^T = P^T (dP^T - D)
-      store_frag_sw<T, BN>(sm.sdS, dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
-      pack_a_frags<T>(dpv, as);
-      if constexpr (kBias)  // dS^T to the d_bias workspace (dpv is not read after this)
-        store_dbias_step<NT, Tr::kConsumers>(p, dpv, sm.sDb, n, h, hk, ih, key_w, i0, sq.len_q, sq.len_kv, tid, lane);
-    } else {  // this warpgroup's keys see no query of the block: its dS^T rows are zero
-      if constexpr (kProducer) mbar_arrive(&sm.keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
-      store_zero_frag_sw<BN, NT>(sm.sdS, r0, t);
-    }
+    math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
     dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
     fence_proxy_async();
     math_sync();
@@ -427,37 +493,14 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     if constexpr (kBiasOneBuf) {
       if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
     }
-    // dQ over the block's 128 keys, BM 64: warpgroup wg's HD / 2 columns; BM 128: its 64 rows (sdS's panel wg).
-    {
-      constexpr bool kRows = Tr::kDqSplitRows;
-      constexpr int HN = kRows ? HD : HD / 2;
-      const int n0 = kRows ? 0 : wg * HN, m0 = kRows ? wg * 64 : 0;
-      float accq[HN / 8][4];
-      wgmma_fence();
-      issue_dq<T, BN>(accq, sm.sdS, m0, sm.sK, n0);  // dQ = dS K
-      issue_dk<T, HD>(acc_dk, as, q_cur);  // dK += dS^T Q (dS^T = 0 where the warpgroup skipped the step)
+    math.dq_dk(acc_dk, acc_dv, as, buf, h, i0, tma_dq, [&] {
       if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
-      wgmma_wait<1>();  // dV, dQ (dK still running)
-      fence_acc(accq);
-      if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
-        dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
-        fence_proxy_async();
-        pending = true;
-        pending_buf = buf;
-        pending_h = h;
-        pending_row = static_cast<int>(ws_row(p, sq, n, i0));
-      } else {
-        dq_atomic_add(p, sq, n, h, i0, m0 + wl * 16 + g, n0, t, accq);
-      }
-      wgmma_wait<0>();  // dK: as[] and the Q buffer are free again
-      fence_acc(acc_dk);
-      fence_acc(acc_dv);
-    }
+    }, staged);
     if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
-  dq_finish<kDet, Turns>(blk, p, tid, iters, pending, math_sync, add_pending);
+  dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, math_sync, add_pending);
   cp_async_wait<0>();
   wgmma_wait<0>();
   fence_acc(acc_dk);

@@ -36,7 +36,8 @@
 // Every warpgroup runs every product of the step (a warpgroup whose 32 queries see no key of the block gets P = 0
 // from the mask): wgmmas issued and waited for under different branches were serialised by ptxas (C7514).
 // The parts are bwd_dkdv_sm90.cuh's (the prologue, products, dq adds, epilogue in files of their own); this file: the
-// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads) and the kernel.
+// traits, the shared-memory layout (DkvSm90WideSmem), the loads of a step (DkvSm90WideLoads), its dQ and dK products
+// (wide_dq_dk) and the kernel.
 // kDet: as bwd_dkdv_sm90.cuh's kDet with a turn per step (dq_turn_per_step): the block's tile comes from a ticket,
 // steps run query-block-major and descending, the step's turn is waited for before its adds (thread 0 for a tile
 // it adds by TMA in the next step, else lane 0 of every warp before the warp's atomics), and thread 0 releases the
@@ -145,6 +146,37 @@ struct DkvSm90WideLoads {
   }
 };
 
+// The dQ and dK products of a step of bwd_dkdv_sm90_wide_kernel (after the barrier that follows dS^T) for warpgroup
+// columns n0 .. n0 + HN of each (descriptors: the kernel's), with thread row r of the tile: dQ = dS K, dK += dS^T Q,
+// and turn() (kDet's turn) while they run. A full query block's dQ tile (tma_dq) goes to the step's stage once dK has
+// read it, its reduce-adds issued after the next barrier (staged); other blocks add by float4 atomics while dK runs.
+// (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
+template <typename T, typename Tr, typename TmaDq, typename Turn>
+__device__ __forceinline__ void wide_dq_dk(float (&acc_dk)[Tr::kHalf / 8][4], float (&acc_dv)[Tr::kHalf / 8][4],
+                                           uint64_t ddS_mn0, uint64_t dKn0, uint64_t ddS0, uint64_t dQn0,
+                                           const DkvSm90WideSmem<T, Tr>& sm, int buf, const Params& p,
+                                           const SeqInfo& sq, int n, int h, int i0, int n0, int r, int t,
+                                           const TmaDq& tma_dq, const Turn& turn, DqStaged& staged) {
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  float accq[Tr::kHalf / 8][4];
+  wgmma_fence();
+  issue_dq_desc<T, BN>(accq, ddS_mn0, dKn0);      // dQ[:, n0 .. n0 + HN) = dS K
+  issue_mma_desc<T, BN, BM>(acc_dk, ddS0, dQn0);  // dK[:, n0 .. n0 + HN) += dS^T Q
+  turn();
+  wgmma_wait<1>();  // dV, dQ (dK still running)
+  fence_acc(accq);
+  const bool by_tma = tma_dq(i0);  // block-uniform
+  if (!by_tma) dq_atomic_add4(p, sq, n, h, i0, r, n0, t, accq);  // float4 atomics while dK runs
+  wgmma_wait<0>();  // dK: this step's Q and dO are read
+  fence_acc(acc_dk);
+  fence_acc(acc_dv);
+  if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
+    dq_stage_boxes<BM>([&](int bx) { return sm.dq_box(buf, bx); }, accq, r, n0, t);
+    fence_proxy_async();
+    staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
+  }
+}
+
 template <typename T, int HD, bool kDet>
 __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     bwd_dkdv_sm90_wide_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
@@ -177,10 +209,9 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
   // and the consuming step agree on it); its dq tile is added by TMA reduce-adds (bwd_sm90_dq.cuh).
   auto tma_block = [&](int i0) { return tma.ok != 0 && i0 + BM <= sq.len_q; };
   auto tma_dq = [&](int i0) { return tma.dq_ok != 0 && i0 + BM <= sq.len_q; };
-  bool pending = false;  // the previous step staged a dQ tile (in its stage, the other one)
-  int pending_h = 0, pending_row = 0;
+  DqStaged staged;  // the previous step staged a dQ tile (in its stage, the other one)
   auto add_pending = [&](int b) {  // thread 0, after a barrier that follows every thread's stores of the tile
-    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.dq_box(b, bx); }, p.d, pending_row, pending_h);
+    dq_reduce_add<HD>(&tma.dq, [&](int bx) { return sm.dq_box(b, bx); }, p.d, staged.row, staged.h);
   };
   if (tid == 0) {
     mbar_init(&sm.bars[0], 1);
@@ -231,9 +262,9 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     fence_proxy_async();
     __syncthreads();  // the step's tiles are in; every product and dQ store of the previous step has completed
     // thread 0: the reduce-adds of the previous step's tile (kDet: that step's turn is held)
-    const bool issued = pending && tid == 0;
+    const bool issued = staged.pending && tid == 0;
     if (issued) add_pending(buf ^ 1);
-    pending = false;
+    staged.pending = false;
     int ih_next = ih, iq_next = iq;
     Order::next(nq, p.group, ih_next, iq_next);
     const bool prefetch = it + 1 < iters;
@@ -272,43 +303,17 @@ __global__ void __launch_bounds__(DkvSm90WideTraits<HD>::kThreads, 1)
     store_frag(sm.sdS, dpv);
     fence_proxy_async();
     __syncthreads();  // dS^T complete
-    {
-      float accq[NO][4];
-      wgmma_fence();
-      issue_dq_desc<T, BN>(accq, ddS_mn0, dKn0);   // dQ[:, n0 .. n0 + HN) = dS K
-      issue_mma_desc<T, BN, BM>(acc_dk, ddS0, dQn0);  // dK[:, n0 .. n0 + HN) += dS^T Q
+    auto turn = [&] {
       if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
-      // (The waits are unconditional: wgmma waits under a branch made ptxas serialise the products, C7514.)
-      wgmma_wait<1>();  // dV, dQ (dK still running)
-      fence_acc(accq);
-      const bool by_tma = tma_dq(i0);  // block-uniform
-      if (!by_tma) dq_atomic_add4(p, sq, n, h, i0, wl * 16 + g, n0, t, accq);  // float4 atomics while dK runs
-      wgmma_wait<0>();  // dK: this step's Q and dO are read
-      fence_acc(acc_dk);
-      fence_acc(acc_dv);
-      if (by_tma) {  // the tile to this step's stage (columns >= d clipped by the map); added after the next barrier
-        dq_stage_boxes<BM>([&](int bx) { return sm.dq_box(buf, bx); }, accq, wl * 16 + g, n0, t);
-        fence_proxy_async();
-        pending = true;
-        pending_h = h;
-        pending_row = static_cast<int>(ws_row(p, sq, n, i0));
-      }
-    }
+    };
+    wide_dq_dk<T, Tr>(acc_dk, acc_dv, ddS_mn0, dKn0, ddS0, dQn0, sm, buf, p, sq, n, h, i0, n0, wl * 16 + g, t, tma_dq,
+                      turn, staged);
     if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     ih = ih_next;
     iq = iq_next;
   }
-  if (pending) {  // the last step's tile (uniform: a function of its query block)
-    __syncthreads();
-    if (tid == 0) add_pending((iters - 1) & 1);
-  }
-  if (tid == 0) bulk_wait<0>();  // the shared memory stays valid until every reduce-add has completed
-  if constexpr (kDet) {
-    if (iters > 0) {  // the last turn, after every thread's atomics and the reduce-adds
-      __syncthreads();
-      release_last_dq_turn<Turns>(blk, p, tid);
-    }
-  }
+  dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, [] { __syncthreads(); },
+                         [&] { add_pending((iters - 1) & 1); });
   cp_async_wait<0>();
   store_dkdv<T>(p, kt, wl * 16, n0, acc_dk, acc_dv, lane);
 #endif

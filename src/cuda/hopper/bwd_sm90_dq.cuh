@@ -177,6 +177,13 @@ __device__ __forceinline__ void dq_atomic_add4(const Params& p, const SeqInfo& s
   }
 }
 
+// A step's dq tile staged in shared memory whose reduce-adds are still to be issued (after the next barrier): its
+// buffer, query head and first ws_dq row.
+struct DqStaged {
+  bool pending = false;
+  int buf = 0, h = 0, row = 0;
+};
+
 // ---- After the steps: the last step's staged tile (pending: uniform, a function of its query block) is added after
 // a barrier (sync) that follows every thread's stores of it (issue: dq_reduce_add of it); thread 0 waits until every
 // reduce-add has completed (the shared memory stays valid until then); kDet: thread 0 releases the block's last turn
