@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B timing of several builds of the library in one device call (same GPU, alternating runs, so that clock and
 # thermal drift hit every variant alike). Two steps:
-#   here:   tools/gpu-ab.sh pack NAME [BUILD_DIR]   copies BUILD_DIR/libsinkattn.so.0.1.0 (default build-cuda) to
-#           $AB_DIR/NAME.so.xz (default build-ab; a library is ~27 MB, ~3.4 MB compressed, so several fit in a carry),
-#           and the GPU bench binary beside them once.
+#   here:   tools/gpu-ab.sh pack NAME [BUILD_DIR]   copies BUILD_DIR's library (the newer of libsinkattn.so.0.1.0
+#           and libsinkattn.so; default build-cuda) to $AB_DIR/NAME.so.xz (default build-ab; a library of both
+#           architectures is ~62 MB, ~8 MB compressed, so several fit in a carry), and the GPU bench binary beside
+#           them once.
 #   device: tools/gpu-ab.sh run [REPS] [ROUNDS] [SHAPE]   (carry $AB_DIR) unpacks every NAME.so.xz and runs
 #           `sinkattn_gpu_bench REPS [SHAPE]` against each library in turn, ROUNDS times (defaults 20, 2, all shapes),
 #           printing "== NAME round" before each table. Library-level switches (SINKATTN_CUDA_NO_SM90=1,
@@ -32,7 +33,9 @@ case "$cmd" in
     name=${2:?name}
     build=${3:-build-cuda}
     mkdir -p "$AB_DIR"
-    xz -T0 -6 -c "$build/libsinkattn.so.0.1.0" >"$AB_DIR/$name.so.xz"
+    # the newer of the versioned file and the plain name (a build that once set a version keeps its stale file)
+    lib=$(ls -t "$build/libsinkattn.so.0.1.0" "$build/libsinkattn.so" 2>/dev/null | head -1)
+    xz -T0 -6 -c "$lib" >"$AB_DIR/$name.so.xz"
     cp "$build/tests/gpu/sinkattn_gpu_bench" "$AB_DIR/sinkattn_gpu_bench"
     ls -la "$AB_DIR"
     ;;

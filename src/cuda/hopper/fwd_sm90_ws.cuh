@@ -29,7 +29,8 @@
 // K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
 // per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
 // This file: the traits, the shared-memory layout (FwdWsSmem), the tile order (fwd_ws_tile), the producer warp's
-// loads (fwd_ws_load) and the kernel (the consumers' pipeline and epilogue). The keep producer and the consumers'
+// loads (fwd_ws_load), the consumers' pipeline and epilogue (fwd_ws_consumers, with the bias / keep-bit steps of the
+// kBias / kDropout variants in FwdWsBlockExtras) and the kernel, which gives each warpgroup its role. The keep producer and the consumers'
 // side of its handover: keep_producers.cuh; the staged bias tiles: bias_staging.cuh; the consumers' per-key-block steps
 // and the tensor maps (Sm90FwdTma): fwd_sm90_mainloop.cuh.
 #pragma once
@@ -40,6 +41,7 @@
 
 #include "cuda/dropout.cuh"
 #include "cuda/epilogue.cuh"
+#include "cuda/hopper/bias_staging.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
 #include "cuda/hopper/keep_producers.cuh"
 #include "cuda/hopper/sm90_common.cuh"
@@ -258,6 +260,164 @@ __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& t
   }
 }
 
+// A consumer warp's arrival on an "empty" barrier (one per warp), once every lane is done with the buffer.
+__device__ __forceinline__ void release_warp(uint64_t* bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+// What a consumer warp adds to a tile's key-block steps in the kBias and kDropout variants (nothing in the others):
+// the key block at position i of the tile (ring position it + i) with query rows row_w .. row_w + 15 of head h.
+//   prefetch(i), after its S is issued and before it is waited for: kBias: the block's bias into registers, from the
+//     staged tile (bias_smem; bias_staging.cuh) or from global memory; kDropout: the keep bits of its first kCS
+//     slices (Dropout::keep_bits: the Philox chains run beside the wgmmas);
+//   softmax(s, alpha, i): fwd_softmax_step (with the bias), then kBias: the staged tile's buffer released; kDropout:
+//     P * keep / (1 - p) for the P V product, the other slices' keep bits from the producer's ring
+//     (keep_producers.cuh).
+template <typename T, typename Tr, bool kBias, bool kDropout>
+struct FwdWsBlockExtras {
+  static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, S = Tr::kStages, kCS = Tr::kConsumerSlices;
+  const Params& p;
+  const FwdWsSmem<T, Tr>& smem;
+  const SeqInfo& sq;
+  const int n, h, row_w, nb_lo, it, c, wl, lane;
+  const bool bias_smem;
+  BiasPrefetch<T, NT> bias;
+  BiasSmemView<T, NT, false, SwOffset<BM>> bias_view{SwOffset<BM>{}};
+  uint64_t own_keep = 0;
+
+  __device__ __forceinline__ void prefetch(int i) {
+    if constexpr (kBias) {
+      if (bias_smem) {  // waits for block i's staged tile, views it
+        stage_bias_fwd<Tr>(bias_view, smem.sB, smem.b_full, it + i, c * 64 + wl * 16, lane);
+        bias.load_smem(bias_view);
+      } else {
+        bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
+      }
+    }
+    if constexpr (kDropout && kCS > 0)
+      own_keep = Dropout(p, n, h).template keep_bits<false, kCS>(row_w, (nb_lo + i) * BN, p.s_kv, lane);
+  }
+  __device__ __forceinline__ void softmax(OnlineSoftmax<NT>& sm, const Mask& mk, float (&s)[NT][4], float (&alpha)[2],
+                                          int i) {
+    fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
+                                         kBias ? &bias : nullptr);
+    if constexpr (kBias) {
+      if (bias_smem) release_warp(&smem.b_empty[(it + i) % S], lane);
+    }
+    if constexpr (kDropout) {
+      drop_p_fwd<Tr>(s, own_keep, smem.sKeep, smem.keep_full, smem.keep_empty, it + i, c, wl, lane,
+                     [&](uint64_t* bar) { release_warp(bar, lane); });
+    }
+  }
+};
+
+// The consumer warpgroups (threads 128 ..): every tile of the block (tile_at(L), L = blockIdx.x, + gridDim.x, ...):
+// its key blocks' steps in the pipeline order of the header above (written out here: fwd_sm90_mainloop.cuh says
+// why), then the epilogue. Consumer c takes its wgmma turn after named barrier 1 + c and passes it on to c + 1.
+template <typename T, typename Tr, bool kBias, bool kDropout, typename TileAt>
+__device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSmem<T, Tr>& smem, const TileAt& tile_at,
+                                                 int num_tiles, int c, int ctid, int wl, int lane,
+                                                 bool bias_smem) {
+  constexpr int BN = Tr::kBlockN, NT = BN / 8, NO = Tr::kHeadDim / 8, NC = Tr::kNC, S = Tr::kStages;
+  const int my_bar = 1 + c, next_bar = 1 + (c + 1) % NC;
+  auto my_turn = [&] { named_bar_sync(my_bar, 256); };
+  auto pass_turn = [&] { named_bar_arrive(next_bar, 256); };
+  auto full_parity = [](int it) { return static_cast<uint32_t>((it / S) & 1); };
+  const T* sQ_wg = smem.sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
+  int it = 0, qi = 0;
+  // The turns run round robin over every tile of the block (each consumer takes nblocks + 1 turns per tile), so
+  // a consumer can never arrive twice at a barrier whose phase is still open: consumer NC - 1 opens the first
+  // turn here and consumer 0 takes its last arrival after the loop.
+  if (c == NC - 1) named_bar_arrive(1, 256);
+  for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
+    const FwdWsTile t = tile_at(L);
+    if (!t.real) continue;
+    const SeqInfo& sq = t.sq;
+    const int h = t.h, n = t.n, m0 = t.m0, nb_lo = t.nb_lo, nblocks = t.nblocks;
+    T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + m0, h);
+    const float sigma = sink_value(p, h);
+    if (t.padding) {  // padding rows of a dense batch
+      fwd_store_padding_rows(p, sq, n, h, out, m0, min(Tr::kBlockM, sq.rows_q - m0), sigma, ctid, 128 * NC);
+      continue;
+    }
+    const Mask mk(p, sq);
+    const int row_w = m0 + c * 64 + wl * 16;  // first query row of this warp (within the sequence)
+    OnlineSoftmax<NT> sm;
+    // kDropout: P * keep / (1 - p) is rounded as one value for the P V product (SPEC 5; OnlineSoftmax::init)
+    sm.init(sigma, sigma, lane, kDropout ? p.dropout_rscale : 1.f);
+    float acc[NO][4];
+    zero_acc(acc);
+
+    if (nblocks > 0) {
+      mbar_wait(smem.q_full, qi & 1);
+      // The steps of fwd_sm90_mainloop.cuh on the key block of ring position k_it / v_it (stage % S).
+      auto issue_s = [&](float (&s)[NT][4], int k_it) {
+        fwd_issue_s<T, Tr::kBlockM, Tr::kHeadDim>(s, sQ_wg, smem.sK + (k_it % S) * BN * Tr::kHeadDim);
+      };
+      auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
+        fwd_issue_pv<T>(acc, ap, smem.sV + (v_it % S) * BN * Tr::kHeadDim);
+      };
+      FwdWsBlockExtras<T, Tr, kBias, kDropout> ex{p, smem, sq, n, h, row_w, nb_lo, it, c, wl, lane, bias_smem};
+      uint32_t ap[BN / 16][4];
+      {
+        float s[NT][4];
+        mbar_wait(&smem.k_full[it % S], full_parity(it));
+        my_turn();
+        wgmma_fence();
+        issue_s(s, it);
+        pass_turn();
+        ex.prefetch(0);
+        wgmma_wait<0>();
+        fence_acc(s);
+        release_warp(&smem.k_empty[it % S], lane);
+        float alpha[2];
+        ex.softmax(sm, mk, s, alpha, 0);  // O = 0: alpha not needed
+        pack_a_frags<T>(s, ap);
+      }
+      for (int i = 1; i < nblocks; ++i) {
+        const int cur = it + i, prev = it + i - 1;
+        float s[NT][4];
+        mbar_wait(&smem.k_full[cur % S], full_parity(cur));
+        mbar_wait(&smem.v_full[prev % S], full_parity(prev));
+        my_turn();
+        wgmma_fence();
+        issue_s(s, cur);
+        issue_pv(ap, prev);
+        pass_turn();
+        ex.prefetch(i);
+        wgmma_wait<1>();
+        fence_acc(s);
+        release_warp(&smem.k_empty[cur % S], lane);
+        float alpha[2];
+        ex.softmax(sm, mk, s, alpha, i);
+        wgmma_wait<0>();
+        fence_acc(acc);
+        release_warp(&smem.v_empty[prev % S], lane);
+        rescale_rows(acc, alpha);
+        pack_a_frags<T>(s, ap);
+      }
+      const int last = it + nblocks - 1;
+      mbar_wait(&smem.v_full[last % S], full_parity(last));
+      my_turn();
+      wgmma_fence();
+      issue_pv(ap, last);
+      pass_turn();
+      wgmma_wait<0>();
+      fence_acc(acc);
+      release_warp(&smem.v_empty[last % S], lane);
+      release_warp(smem.q_empty, lane);  // every wgmma of this tile that reads Q has retired
+      it += nblocks;
+      ++qi;
+    }
+
+    // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a
+    // dense batch get exact zeros. kDropout: O = sum_j (P_j / (1 - p)) keep_j V_j and l carry 1 / (1 - p).
+    fwd_store_rows<T, kDropout>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
+  }
+  if (c == 0) named_bar_sync(1, 256);
+}
+
 // kBias: the variant for calls with a bias (fwd_softmax_step adds it to S; launched only then). kDropout: the variant
 // for calls with dropout (SPEC.md section 2): the normaliser l sums the undropped P, the P V product takes
 // P * keep / (1 - p) (the keep bits of the first tiles::sm90_ws_dropout_consumer_slices 8-key slices of a key block
@@ -272,16 +432,15 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias && kDropout), "no variant with both (dispatch.cpp)");
   using Tr = FwdWsTraits<HD, NC_, kBias, kDropout>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = BN / 8, NO = HD / 8, NC = Tr::kNC, S = Tr::kStages;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const FwdWsSmem<T, Tr> smem(smem_raw);
-  constexpr int KS = Tr::kKeepStages;
   // kBias: the block's bias tile is staged by TMA (uniform over the launch), else each consumer thread loads its
   // fragment from global memory.
   const bool bias_smem = Tr::kBiasStages > 0 && tma.bias_ok != 0;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wl = warp & 3;  // warpgroup 0: producer; 1 .. NC: consumers
+  const int wg = warp >> 2;  // warpgroup 0: producer; 1 .. NC: consumers
   const int mblocks = (p.s_q + BM - 1) / BM;
   const bool heavy_last = p.window_right >= 0;
 
@@ -297,159 +456,15 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
     setmaxnreg_dec<Tr::kProducerRegs>();
     if constexpr (kDropout) {
       if (warp != 0)
-        fwd_keep_producer<BM, BN, KS, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
+        fwd_keep_producer<BM, BN, Tr::kKeepStages, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
             p, num_tiles, tile_at, smem.sKeep, smem.keep_full, smem.keep_empty, tid - 32);
     }
     if (warp == 0) fwd_ws_load<T, Tr>(p, tma, smem, tile_at, num_tiles, lane, bias_smem);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    const int c = wg - 1;                    // consumer index 0 .. NC - 1
-    const int ctid = tid - 128;              // 0 .. 128 NC - 1
-    // Turn taking: consumer c issues its wgmmas after bar_sync(1 + c) and then lets consumer c + 1 go.
-    const int my_bar = 1 + c, next_bar = 1 + (c + 1) % NC;
-    auto my_turn = [&] { named_bar_sync(my_bar, 256); };
-    auto pass_turn = [&] { named_bar_arrive(next_bar, 256); };
-    auto release = [&](uint64_t* bar) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar);
-    };
-    auto full_parity = [](int it) { return static_cast<uint32_t>((it / S) & 1); };
-    const T* sQ_wg = smem.sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
-    int it = 0, qi = 0;
-    // The turns run round robin over every tile of the block (each consumer takes nblocks + 1 turns per tile), so
-    // a consumer can never arrive twice at a barrier whose phase is still open: consumer NC - 1 opens the first
-    // turn here and consumer 0 takes its last arrival after the loop.
-    if (c == NC - 1) named_bar_arrive(1, 256);
-    for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
-      const FwdWsTile t = tile_at(L);
-      if (!t.real) continue;
-      const SeqInfo& sq = t.sq;
-      const int h = t.h, n = t.n, m0 = t.m0, nb_lo = t.nb_lo, nblocks = t.nblocks;
-      T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + m0, h);
-      const float sigma = sink_value(p, h);
-      if (t.padding) {  // padding rows of a dense batch
-        fwd_store_padding_rows(p, sq, n, h, out, m0, min(BM, sq.rows_q - m0), sigma, ctid, 128 * NC);
-        continue;
-      }
-      const Mask mk(p, sq);
-      const int row_w = m0 + c * 64 + wl * 16;  // first query row of this warp (within the sequence)
-      OnlineSoftmax<NT> sm;
-      // kDropout: P * keep / (1 - p) is rounded as one value for the P V product (SPEC 5; OnlineSoftmax::init)
-      sm.init(sigma, sigma, lane, kDropout ? p.dropout_rscale : 1.f);
-      float acc[NO][4];
-      zero_acc(acc);
-
-      if (nblocks > 0) {
-        mbar_wait(smem.q_full, qi & 1);
-
-        // The steps of fwd_sm90_mainloop.cuh on the key block of ring position k_it / v_it (stage % S; the
-        // softmax step takes the block's index i within the tile).
-        auto issue_s = [&](float (&s)[NT][4], int k_it) {
-          fwd_issue_s<T, BM, HD>(s, sQ_wg, smem.sK + (k_it % S) * BN * HD);
-        };
-        auto issue_pv = [&](const uint32_t (&ap)[BN / 16][4], int v_it) {
-          fwd_issue_pv<T>(acc, ap, smem.sV + (v_it % S) * BN * HD);
-        };
-        // kBias (2 consumers): the block's bias, read into registers after its S is issued and before it is waited
-        // for: from the staged tile (bias_smem) or from global memory. A staged tile's buffer is released after the
-        // softmax step.
-        // kDropout: the keep bits of slices nt < kCS of block i, drawn after its S is issued and before it is waited
-        // for (the Philox chains run beside the wgmmas).
-        constexpr int kCS = Tr::kConsumerSlices;
-        uint64_t own_keep = 0;
-        auto draw_keep = [&](int i) {
-          if constexpr (kDropout && kCS > 0)
-            own_keep = Dropout(p, n, h).template keep_bits<false, kCS>(row_w, (nb_lo + i) * BN, p.s_kv, lane);
-        };
-        BiasPrefetch<T, NT> bias;
-        const auto bias_off = [](int r, int cc) { return sw_offset<BM>(r, cc); };
-        BiasSmemView<T, NT, false, decltype(bias_off)> bias_view(bias_off);
-        auto stage_bias = [&](int i) {  // waits for block i's staged tile (ring position it + i), views it
-          stage_bias_fwd<Tr>(bias_view, smem.sB, smem.b_full, it + i, c * 64 + wl * 16, lane);
-        };
-        auto prefetch_bias = [&](int i) {
-          if constexpr (kBias) {
-            if (bias_smem) {
-              stage_bias(i);
-              bias.load_smem(bias_view);
-            } else {
-              bias.load(p, n, h, row_w, (nb_lo + i) * BN, sq.len_q, sq.len_kv, lane);
-            }
-          }
-        };
-        auto softmax = [&](float (&s)[NT][4], float (&alpha)[2], int i) {
-          fwd_softmax_step<T, kBias, kDropout>(sm, s, alpha, p, mk, n, h, row_w, (nb_lo + i) * BN, lane,
-                                               kBias ? &bias : nullptr);
-          if constexpr (kBias) {
-            if (bias_smem) release(&smem.b_empty[(it + i) % S]);
-          }
-          if constexpr (kDropout) {  // P * keep / (1 - p) for the P V product (keep_producers.cuh)
-            drop_p_fwd<Tr>(s, own_keep, smem.sKeep, smem.keep_full, smem.keep_empty, it + i, c, wl, lane, release);
-          }
-        };
-
-        // The steps of fwd_sm90_mainloop.cuh in their pipeline order, with this kernel's waits, turns and releases
-        // (written out here: fwd_sm90_mainloop.cuh says why).
-        uint32_t ap[BN / 16][4];
-        {
-          float s[NT][4];
-          mbar_wait(&smem.k_full[it % S], full_parity(it));
-          my_turn();
-          wgmma_fence();
-          issue_s(s, it);
-          pass_turn();
-          prefetch_bias(0);
-          draw_keep(0);
-          wgmma_wait<0>();
-          fence_acc(s);
-          release(&smem.k_empty[it % S]);
-          float alpha[2];
-          softmax(s, alpha, 0);  // O = 0: alpha not needed
-          pack_a_frags<T>(s, ap);
-        }
-        for (int i = 1; i < nblocks; ++i) {
-          const int cur = it + i, prev = it + i - 1;
-          float s[NT][4];
-          mbar_wait(&smem.k_full[cur % S], full_parity(cur));
-          mbar_wait(&smem.v_full[prev % S], full_parity(prev));
-          my_turn();
-          wgmma_fence();
-          issue_s(s, cur);
-          issue_pv(ap, prev);
-          pass_turn();
-          prefetch_bias(i);
-          draw_keep(i);
-          wgmma_wait<1>();
-          fence_acc(s);
-          release(&smem.k_empty[cur % S]);
-          float alpha[2];
-          softmax(s, alpha, i);
-          wgmma_wait<0>();
-          fence_acc(acc);
-          release(&smem.v_empty[prev % S]);
-          rescale_rows(acc, alpha);
-          pack_a_frags<T>(s, ap);
-        }
-        const int last = it + nblocks - 1;
-        mbar_wait(&smem.v_full[last % S], full_parity(last));
-        my_turn();
-        wgmma_fence();
-        issue_pv(ap, last);
-        pass_turn();
-        wgmma_wait<0>();
-        fence_acc(acc);
-        release(&smem.v_empty[last % S]);
-        release(smem.q_empty);  // every wgmma of this tile that reads Q has retired
-        it += nblocks;
-        ++qi;
-      }
-
-      // Epilogue (as fwd_kernel): out_i = O_i / l_i (0 for a row that saw nothing), LSE_i; padding rows of a
-      // dense batch get exact zeros. kDropout: O = sum_j (P_j / (1 - p)) keep_j V_j and l carry 1 / (1 - p).
-      fwd_store_rows<T, kDropout>(p, sq, n, h, out + (c * 64 + wl * 16) * p.out_st.s, row_w, sm, acc, lane);
-    }
-    if (c == 0) named_bar_sync(1, 256);
+    // consumer c = wg - 1 (0 .. NC - 1), its thread tid - 128 of 128 NC
+    fwd_ws_consumers<T, Tr, kBias, kDropout>(p, smem, tile_at, num_tiles, wg - 1, tid - 128, warp & 3, lane, bias_smem);
   }
 #endif
 }
