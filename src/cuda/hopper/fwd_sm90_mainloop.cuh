@@ -11,10 +11,10 @@
 // The wgmma accumulator of a warp is the mma.sync C layout (rows g and g + 8 of the warp's 16), so OnlineSoftmax,
 // make_logits and the epilogue (epilogue.cuh) work on it unchanged.
 // The order of these steps over a tile's key blocks (S_j issued with P_{j-1} V_{j-1}, wait for S_j, softmax while
-// P V runs, wait, rescale, pack) is written out in the kernel, not here: one function template taking the kernel's
-// waits / turns / releases as lambdas (tried, nvcc 13.0) cost the warp-specialised kernel's 2-consumer variants
-// 4-5 % more SASS instructions (and the first, software-pipelined Hopper forward 10 / 13 registers), also with each
-// loop's index kept.
+// P V runs, wait, rescale, pack) is written out in fwd_ws_consumers (fwd_sm90_ws.cuh), not here: one function
+// template taking the kernel's waits / turns / releases as lambdas (tried, nvcc 13.0) cost the warp-specialised
+// kernel's 2-consumer variants 4-5 % more SASS instructions (and the first, software-pipelined Hopper forward 10 / 13
+// registers), also with each loop's index kept.
 #pragma once
 
 #include <cuda.h>
