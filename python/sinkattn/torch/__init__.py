@@ -5,6 +5,8 @@
     out = st.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal=True, s_aux=sinks)
     out, lse = st.dot_product_attention(q, k, v, bias, sinks=sinks, return_lse=True)           # all of SPEC.md
     out = st.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lens, page_table=table, learnable_sink=sinks)
+    out = st.flash_attn_varlen_func(q=q, k=k_pages, v=v_pages, out=out, cu_seqlens_q=cu_q, max_seqlen_q=max_q,  # vLLM
+                                    seqused_k=lens, max_seqlen_k=max_k, causal=True, block_table=table, s_aux=sinks)
     import sinkattn.torch.hf; sinkattn.torch.hf.register()       # attn_implementation="sinkattn" in transformers
 
 The work is done by ``torch.ops.sinkattn.fwd`` / ``torch.ops.sinkattn.bwd``: C++ operators on PyTorch's stable ABI,

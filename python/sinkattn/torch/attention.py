@@ -268,50 +268,200 @@ def flash_attn_func(
             return_lse=bool(return_lse or return_attn_probs))
 
 
+def _page_table_argument(page_table, block_table):
+    """The page table given as FlashAttention 3's ``page_table`` or FlashAttention 2's / vLLM's ``block_table``."""
+    _check(page_table is None or block_table is None, "give page_table or its alias block_table, not both")
+    return page_table if page_table is not None else block_table
+
+
+def _flash_attn_3_options(scheduler_metadata, fa_version, q_descale, k_descale, v_descale):
+    """The FlashAttention 3 (vLLM) arguments of flash_attn_varlen_func that select or schedule FlashAttention's own
+    kernels: accepted where they leave the result as it is here, refused otherwise (never ignored)."""
+    _check(scheduler_metadata is None, "scheduler_metadata is not supported: it is FlashAttention 3's precomputed "
+           "tile schedule (get_scheduler_metadata), which only its kernels can read; this library schedules each call "
+           "itself (num_splits bounds its key splits): pass scheduler_metadata=None")
+    _check(fa_version is None or (isinstance(fa_version, int) and not isinstance(fa_version, bool)
+                                  and fa_version in (2, 3, 4)),
+           lambda: f"fa_version must be None, 2, 3 or 4 (the FlashAttention version whose kernels the caller would "
+           f"pick; this library computes the same attention for each), got {fa_version!r}")
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        # FlashAttention 3 reads the descales of float8 inputs only; float8 q / k / v are refused here (dtype check),
+        # so a descale never scales anything, exactly as FlashAttention 3 does not read it for 16-bit inputs.
+        _check(x is None or (isinstance(x, torch.Tensor) and x.is_floating_point()),
+               lambda: f"{name} must be None or a float tensor (a dequantisation scale of float8 inputs), got "
+               f"{type(x).__name__}", TypeError)
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _write_out(out: torch.Tensor, res: torch.Tensor, cu_seqlens_q: torch.Tensor) -> torch.Tensor:
+    """FlashAttention's ``out=``: the result ``res [total_q, h_q, d_v]`` written into the caller's tensor, which is
+    returned. As in FlashAttention, rows after ``cu_seqlens_q[-1]`` (no sequence's) are left as they were; the check
+    of that bound is a device-side select (no host read)."""
+    _check(isinstance(out, torch.Tensor), lambda: f"out must be a tensor, got {type(out).__name__}", TypeError)
+    _check(out.dtype == res.dtype,
+           lambda: f"out: dtype must be q's ({_dtype_name(res.dtype)}), got {_dtype_name(out.dtype)}", TypeError)
+    _check(tuple(out.shape) == tuple(res.shape),
+           lambda: f"out: shape must be [total_q, h_q, d_v] = {list(res.shape)}, got {list(out.shape)}")
+    _check(out.device == res.device, lambda: f"out: must be on q's device ({res.device}), got {out.device}")
+    rows = torch.arange(res.shape[0], device=res.device) < cu_seqlens_q[-1].to(res.device)
+    out.copy_(torch.where(rows[:, None, None], res, out))
+    return out
+
+
 def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
     dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
-    window_size: Sequence[Optional[int]] = (-1, -1),
+    window_size: Optional[Sequence[Optional[int]]] = (-1, -1),
     learnable_sink: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_lse: bool = False,
     *,
     seqused_k: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
+    return_softmax_lse: bool = False,
     s_aux: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
     trust_device_batch_tensors: bool = False,
+    num_splits: int = 0,
+    scheduler_metadata: Optional[torch.Tensor] = None,
+    fa_version: Optional[int] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ):
-    """FlashAttention's ``flash_attn_varlen_func`` with a learnable sink: packed ``q [total_q, h_q, d]``,
-    ``k [total_k, h_kv, d]``, ``v [total_k, h_kv, d_v]``; ``cu_seqlens_q`` / ``cu_seqlens_k`` int32 (int64 is
-    converted) ``[num_seqs + 1]``; ``max_seqlen_q`` / ``max_seqlen_k`` Python ints (upper bounds of the sequence
-    lengths: never read from the device); optional ``seqused_k`` int ``[num_seqs]`` (keys used per sequence).
+    """FlashAttention's ``flash_attn_varlen_func`` with a learnable sink, over packed keys or a paged KV cache.
 
-    Masks, sinks (``learnable_sink`` / ``s_aux``), dropout and return values as ``flash_attn_func``, per sequence;
-    ``softmax_lse`` is ``[h_q, total_q]``. Rows after ``cu_seqlens_q[-1]`` get ``out = 0`` and ``lse = -inf``.
-    ``trust_device_batch_tensors=True`` skips the library's synchronising check of CUDA ``cu_seqlens`` (as
-    FlashAttention, which never checks them): set it on the hot path and for CUDA-graph capture outside
-    ``torch.cuda.graph`` (inside, the check is skipped anyway).
+    Packed keys: ``q [total_q, h_q, d]``, ``k [total_k, h_kv, d]``, ``v [total_k, h_kv, d_v]``; ``cu_seqlens_q`` /
+    ``cu_seqlens_k`` int32 (int64 is converted) ``[num_seqs + 1]``; optional ``seqused_k`` int ``[num_seqs]`` (keys
+    used per sequence). Differentiable, with dropout (``dropout_p``, ``generator``) and ``deterministic`` as
+    ``flash_attn_func``.
+
+    Paged KV cache (vLLM's FlashAttention backend makes a serving engine's mixed prefill + decode batch this one call):
+    ``block_table`` (FlashAttention 2's and vLLM's name; ``page_table``, FlashAttention 3's, is accepted too, not both)
+    int32 ``[num_seqs, max_blocks]`` with ``k`` / ``v`` page pools ``[num_blocks, block_size, h_kv, d | d_v]`` (vLLM's
+    ``key_cache`` / ``value_cache``) and ``seqused_k`` int32 ``[num_seqs]`` (required): sequence ``n`` has
+    ``seqused_k[n]`` keys, its cached prefix and its new tokens, key ``j`` being row ``j % block_size`` of block
+    ``block_table[n, j // block_size]``; entries past its last block are never read, blocks may be shared. Its
+    ``cu_seqlens_q[n+1] - cu_seqlens_q[n]`` query rows are its last positions (decode: 1 row; chunked prefill: a
+    chunk after a cached prefix; prefill: all of it), so masks are aligned to the bottom right per sequence.
+    ``cu_seqlens_k`` must then be None (as in vLLM's FlashAttention, which takes one or the other: with a block table
+    the offsets index nothing; key counts given as ``cu_seqlens_k`` are ``seqused_k = cu_seqlens_k.diff()``).
+    Forward only (SPEC.md section 1): a call with a block table refuses q, k, v or sinks that require a gradient
+    while grad mode is on (run it under ``torch.no_grad()`` / ``torch.inference_mode()``), and ``dropout_p`` must be
+    0. ``max_seqlen_k`` defaults to the table's capacity ``max_blocks * block_size``.
+
+    - ``max_seqlen_q`` / ``max_seqlen_k``: Python ints, upper bounds of the sequence lengths (never read from the
+      device); default ``total_q`` and ``total_k`` (or the table's capacity): valid, but slower than the true maxima.
+    - Masks (``causal``, ``window_size = (left, right)``: a pair or list of ints, -1 or None unbounded; None for the
+      pair is unbounded), sinks (``learnable_sink`` / ``s_aux``: ``[h_q]``, any float dtype) as ``flash_attn_func``,
+      per sequence, aligned to the bottom right. Under ``torch.autocast`` q, k and v are cast to the autocast dtype.
+    - Returns ``out [total_q, h_q, d_v]`` (q's dtype), or ``(out, softmax_lse)`` with ``return_lse``,
+      ``return_softmax_lse`` (vLLM's name) or ``return_attn_probs``: ``softmax_lse`` float32 ``[h_q, total_q]``,
+      natural log, including the sink. Rows after ``cu_seqlens_q[-1]`` get ``out = 0`` and ``lse = -inf``.
+    - ``out``: a tensor of q's dtype and the result's shape ``[total_q, h_q, d_v]`` (any strides, e.g. vLLM's
+      ``output[:num_actual_tokens]``) to write the result into, as FlashAttention does; it is returned (rows after
+      ``cu_seqlens_q[-1]`` are left as they were). Wrong dtype: TypeError; shape or device: ValueError.
+    - ``num_splits``: at most this many key splits per row in the forward (0: the library's heuristic, 1: none;
+      a performance setting, as in FlashAttention 3).
+    - ``fa_version`` (None, 2, 3 or 4: which FlashAttention's kernels the caller would run) is accepted: the
+      attention computed is the same. ``q_descale`` / ``k_descale`` / ``v_descale``: FlashAttention 3 reads these
+      dequantisation scales only for float8 q / k / v; this library takes no float8 inputs (a float8 q, k or v, e.g. an
+      FP8 KV cache, is refused with a TypeError), so, as FlashAttention 3 does for 16-bit inputs, they are not read
+      (vLLM passes its layers' scales, 1.0, on every call).
+    - Refused with a ValueError, never ignored: ``scheduler_metadata`` other than None (FlashAttention 3's
+      precomputed schedule, which only its kernels read), ``softcap``, ``alibi_slopes``.
+    - ``trust_device_batch_tensors=True`` skips the library's synchronising check of CUDA ``cu_seqlens`` /
+      ``seqused_k`` / block tables (as FlashAttention, which never checks them): set it on the hot path and for
+      CUDA-graph capture outside ``torch.cuda.graph`` (inside, the check is skipped anyway).
     """
     _unsupported_fa_options(softcap, alibi_slopes)
-    with argument_names(sinks=_sink_name(s_aux), cu_seqlens_kv="cu_seqlens_k", seqused_kv="seqused_k",
-                        max_seqlen_kv="max_seqlen_k"):
-        return dot_product_attention(
-            q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
-            window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k, seqused_kv=seqused_k,
-            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, dropout_p=dropout_p, generator=generator,
-            deterministic=deterministic, return_lse=bool(return_lse or return_attn_probs),
-            trust_device_batch_tensors=trust_device_batch_tensors)
+    _flash_attn_3_options(scheduler_metadata, fa_version, q_descale, k_descale, v_descale)
+    table = _page_table_argument(page_table, block_table)
+    with_lse = bool(return_lse or return_attn_probs or return_softmax_lse)
+    if table is None:
+        _check(cu_seqlens_k is not None, "cu_seqlens_k is required (int32 [num_seqs + 1], the offsets of the "
+               "sequences in k / v); a paged KV cache takes block_table (or page_table) with seqused_k instead")
+        with argument_names(sinks=_sink_name(s_aux), cu_seqlens_kv="cu_seqlens_k", seqused_kv="seqused_k",
+                            max_seqlen_kv="max_seqlen_k"):
+            res = dot_product_attention(
+                q, k, v, sinks=_sink_argument(learnable_sink, s_aux), softmax_scale=softmax_scale, causal=causal,
+                window_size=window_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_k, seqused_kv=seqused_k,
+                max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, dropout_p=dropout_p, generator=generator,
+                deterministic=deterministic, return_lse=with_lse, trust_device_batch_tensors=trust_device_batch_tensors,
+                num_splits=num_splits)
+        o, lse = res if with_lse else (res, None)
+    else:
+        table_name = "page_table" if page_table is not None else "block_table"
+        with argument_names(sinks=_sink_name(s_aux), seqused_kv="seqused_k", page_table=table_name,
+                            max_seqlen_kv="max_seqlen_k"):
+            o, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                   softmax_scale, causal, window_size, _sink_argument(learnable_sink, s_aux), seqused_k,
+                                   table, table_name, trust_device_batch_tensors, num_splits)
+    if out is not None:
+        o = _write_out(out, o, cu_seqlens_q)
+    return (o, lse) if with_lse else o
+
+
+def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                  window_size, sinks, seqused_k, table, table_name, trust_device_batch_tensors, num_splits):
+    """flash_attn_varlen_func over a paged KV cache: varlen queries, k / v page pools, forward only."""
+    _check(cu_seqlens_k is None, lambda: f"cu_seqlens_k must be None with {table_name}: k and v are page pools "
+           "[num_blocks, block_size, h_kv, d] and each sequence's key count is seqused_k (vLLM's FlashAttention takes "
+           "one or the other); key counts given as cu_seqlens_k are seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]")
+    _check(seqused_k is not None, lambda: f"seqused_k is required with {table_name} (int32 [num_seqs]: the keys of "
+           "each sequence, its cached prefix and its new tokens)")
+    _check(float(dropout_p) == 0.0, lambda: f"dropout_p must be 0 with {table_name}: paged KV is forward only "
+           f"(SPEC.md section 1), got {dropout_p}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
+               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
+               f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
+    _check(not (torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                for x in (q, k, v, sinks))),
+           lambda: f"{table_name}: paged KV is forward only (SPEC.md section 1), and q, k, v or the sinks require a "
+           "gradient: call it under torch.no_grad() or torch.inference_mode(), or detach them", RuntimeError)
+    q, k, v = _autocast(q, k, v)
+    window_left, window_right = _args.window_size_bounds(causal, window_size)
+    table = _int32(table, "page_table")
+    max_q = int(q.shape[0]) if max_seqlen_q is None else int(max_seqlen_q)
+    max_kv = int(table.shape[-1]) * int(k.shape[1]) if max_seqlen_k is None else int(max_seqlen_k)
+    return _forward_only(q, k, v, sinks, _int32(cu_seqlens_q, "cu_seqlens_q"), None, _int32(seqused_k, "seqused_k"),
+                         table, max_q, max_kv, softmax_scale, window_left, window_right, trust_device_batch_tensors,
+                         num_splits)
+
+
+def _forward_only(q, k, v, sinks, cu_q, cu_kv, seqused_kv, page_table, max_q, max_kv, softmax_scale, window_left,
+                  window_right, trust_device_batch_tensors, num_splits):
+    """(out, lse) of one forward-only library call over a KV cache (paged, or contiguous as varlen keys; SPEC.md
+    section 1): learnable softmax when sinks are given (any float dtype), else vanilla; masks aligned to the bottom
+    right; no dropout; no autograd. What flash_attn_with_kvcache and the paged flash_attn_varlen_func run."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    if sinks is not None and sinks.dtype != torch.float32:
+        sinks = sinks.to(torch.float32)
+    softmax_type = _ops.SOFTMAX_TYPES["learnable" if sinks is not None else "vanilla"]
+    with torch.no_grad():
+        out, lse, _ = torch.ops.sinkattn.fwd(
+            q, k, v, sinks, None, cu_q, cu_kv, seqused_kv, None, None, page_table, int(max_q), int(max_kv),
+            softmax_type, None if softmax_scale is None else float(softmax_scale), window_left, window_right,
+            _ops.ALIGNMENTS["bottom_right"], 0.0, None, False, bool(trust_device_batch_tensors), int(num_splits))
+    return out, lse
+
 
 def flash_attn_with_kvcache(
     q: torch.Tensor,
@@ -385,8 +535,7 @@ def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, 
            "before the call")
     _check(cache_batch_idx is None, "cache_batch_idx is not supported (index the caches, or use a page_table)")
     _check(cache_leftpad is None, "cache_leftpad is not supported (left-padded caches: use a page_table)")
-    _check(page_table is None or block_table is None, "give page_table or its alias block_table, not both")
-    page_table = page_table if page_table is not None else block_table
+    page_table = _page_table_argument(page_table, block_table)
     sinks = _sink_argument(learnable_sink, s_aux)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
@@ -398,7 +547,6 @@ def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, 
     if page_table is None and cache_seqlens is None:  # the whole contiguous cache
         cache_seqlens = torch.full((b,), k_cache.shape[1], dtype=torch.int32, device=q.device)
     _check(cache_seqlens is not None, "cache_seqlens is required with a page table")
-    q, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k_cache, v_cache))
     window_left, window_right = _args.window_size_bounds(causal, window_size)
     cache_seqlens = _int32(cache_seqlens, "cache_seqlens")
     if page_table is not None:
@@ -420,14 +568,8 @@ def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, 
     else:
         q_rows, cu_q = q, (_int32(cu_seqlens_q, "cu_seqlens_q") if varlen else None)
         max_q = int(max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else int(q.shape[1])
-    if sinks is not None and sinks.dtype != torch.float32:
-        sinks = sinks.to(torch.float32)
-    softmax_type = _ops.SOFTMAX_TYPES["learnable" if sinks is not None else "vanilla"]
-    with torch.no_grad():
-        out, lse, _ = torch.ops.sinkattn.fwd(
-            q_rows, kc, vc, sinks, None, cu_q, cu_kv, cache_seqlens, None, None, page_table, max_q, max_kv,
-            softmax_type, None if softmax_scale is None else float(softmax_scale), window_left, window_right,
-            _ops.ALIGNMENTS["bottom_right"], 0.0, None, False, bool(trust_device_batch_tensors), int(num_splits))
+    out, lse = _forward_only(q_rows, kc, vc, sinks, cu_q, cu_kv, cache_seqlens, page_table, max_q, max_kv,
+                             softmax_scale, window_left, window_right, trust_device_batch_tensors, num_splits)
     if not varlen and page_table is None:  # back to [b, s_q, ...]
         out = out.reshape((b, q.shape[1]) + tuple(out.shape[1:]))
         lse = lse.reshape(lse.shape[0], b, q.shape[1]).transpose(0, 1)
