@@ -5,18 +5,30 @@ forward + backward, bf16, b=2, s=4096, causal, on the shapes of `sinkattn bench 
 GPT-OSS full layer (h_q 64, h_kv 8, d 64, sinks), GPT-OSS sliding layer (window 127), MHA (h 32, d 128), and the
 rows issue 12 adds: head dim 256 (h 16) and one sequence of 16384 tokens (b 1) of the GPT-OSS full and MHA layers.
 FlexAttention runs on the three layers only (its compilation per shape is the longest part of a run).
-Usage: bench_torch.py [NAME-SUBSTRING ...] [--json FILE] (default: every shape). --json also writes the rows as JSON
-(the GPU, torch's version, the UTC time, the command, one object per shape and method), the input of
-tools/results_dashboard.py, which builds bench/RESULTS.md.
+Usage: bench_torch.py [NAME-SUBSTRING ...] [--json FILE] [--methods LIST] [--fa4-site DIR] (default: every shape,
+every method). --json also writes the rows as JSON (the GPU, torch's version, the UTC time, the command, one object
+per shape and method; rewritten after every layer), the input of tools/results_dashboard.py, which builds
+bench/RESULTS.md. --methods: a comma list of sdpa, flex, sinkattn (its torch API), cabi (its operators against the
+C ABI), fa4 (default: all of them). --fa4-site DIR: FlashAttention-4 installed with `pip install --target DIR`
+(tools/fa4-install.sh: /tmp/fa4-site), put on sys.path with DIR/nvidia_cutlass_dsl/dsl_packages (the package's .pth
+file is not read from a --target folder).
+FlashAttention-4 (flash-attn-4: `flash_attn.cute.flash_attn_func(q, k, v, causal=True, window_size=(127, 0) on the
+sliding layer, learnable_sink=<fp32 [h_q] sink logits>, deterministic=...)`, which returns (out, lse)) on every
+layer, timed as sinkattn's torch API rows are (forward, forward + backward, forward + deterministic backward, through
+autograd). Where a call is turned down, its row keeps the reason ("refused: <FA4's message>", or "failed: <error>"
+for any other exception; fwd_error / bwd_error / det_error) and the others go on; without the package every "fa4"
+row says why ("unavailable").
 With the sinkattn PyTorch operators installed (sinkattn.torch), in the same run: sinkattn through its PyTorch API
-(flash_attn_func, autograd), and the operators torch.ops.sinkattn.fwd / bwd against the C ABI calls they wrap
-(sinkattn_forward / sinkattn_backward through ctypes on the same tensors and stream, bench/torch_cabi.py): the
-"op / C ABI" line gives the ratio of their times twice: "pipelined", `reps` calls issued back to back between two
-CUDA events (as a training step issues them: the host runs ahead of the GPU, so what the ratio shows is what the op
-adds on the GPU: extra kernels, copies, a host cost that outlasts the GPU's), and "after sync", each call timed
-alone after a synchronisation (the host time of each call counts: issue 11 bounds it separately, at 15 us).
+(flash_attn_func, autograd; the deterministic backward too), and the operators torch.ops.sinkattn.fwd / bwd against
+the C ABI calls they wrap (sinkattn_forward / sinkattn_backward through ctypes on the same tensors and stream,
+bench/torch_cabi.py): the "op / C ABI" line gives the ratio of their times twice: "pipelined", `reps` calls issued
+back to back between two CUDA events (as a training step issues them: the host runs ahead of the GPU, so what the
+ratio shows is what the op adds on the GPU: extra kernels, copies, a host cost that outlasts the GPU's), and "after
+sync", each call timed alone after a synchronisation (the host time of each call counts: issue 11 bounds it
+separately, at 15 us).
 FLOPs: forward 4 * b * h_q * d * visible pairs, backward 2.5x (forward + backward = 3.5x).
-Times: CUDA events, median of `reps` after warm-up, inputs rotated over 3 sets."""
+Times: CUDA events, median of `reps` after warm-up (FA4 compiles its kernels in the warm-up calls), inputs rotated
+over 3 sets."""
 import datetime
 import json
 import math
@@ -42,6 +54,7 @@ SHAPES = [
     ("mha-d128-16k", 1, 16384, 32, 32, 128, -1, False),
 ]
 FLEX_SHAPES = ("gpt-oss-full", "gpt-oss-sliding", "mha-d128")
+METHODS = ("sdpa", "flex", "sinkattn", "cabi", "fa4")
 ROWS = []  # what --json writes: one dict per (shape, method)
 
 
@@ -82,17 +95,32 @@ def bench_pipelined(fn, sets, reps=20, warmup=3):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    json_path = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        json_path = argv[i + 1]
-        del argv[i:i + 2]
+    command = list(argv)
+    json_path = pop_option(argv, "--json")
+    methods = (pop_option(argv, "--methods") or ",".join(METHODS)).split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"bench_torch.py: unknown methods {unknown} (known: {', '.join(METHODS)})")
+    fa4_site = pop_option(argv, "--fa4-site")
+    if fa4_site:
+        add_fa4_site(fa4_site)
     dev = "cuda"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print(f"{'shape':16s} {'method':22s} {'fwd ms':>8s} {'fwd TF/s':>9s} {'f+b ms':>8s} {'bwd TF/s':>9s}")
-    flex = torch.compile(flex_attention) if flex_attention is not None else None
+    flex = torch.compile(flex_attention) if flex_attention is not None and "flex" in methods else None
     only = argv
+    cmd = [a for i, a in enumerate(command) if a != "--json" and (i == 0 or command[i - 1] != "--json")]
+
+    def write_json():  # after every layer, so that a run stopped by a time limit keeps the rows it measured
+        if not json_path:
+            return
+        with open(json_path, "w") as f:
+            json.dump(dict(tool="bench_torch.py", command=" ".join(["python3 bench/bench_torch.py"] + cmd), date=date,
+                           gpu=torch.cuda.get_device_name(), torch=torch.__version__, methods=methods,
+                           versions=package_versions(), rows=ROWS), f, indent=1)
+            f.write("\n")
+
     for name, b, s, hq, hkv, d, win, sinks in SHAPES:
         if only and not any(o in name for o in only):
             continue
@@ -119,19 +147,28 @@ def main(argv=None):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != hq)
             o.backward(g)
 
-        try:
-            report("sdpa (no sink)" + (" causal!" if win >= 0 else ""), sdpa_fwd, sdpa_fb, "sdpa",
-                   "no sink" + (", full causal (no window)" if win >= 0 else ""))
-        except Exception as e:  # noqa: BLE001
-            print(f"{name:16s} sdpa failed: {e}")
+        if "sdpa" in methods:
+            try:
+                report("sdpa (no sink)" + (" causal!" if win >= 0 else ""), sdpa_fwd, sdpa_fb, "sdpa",
+                       "no sink" + (", full causal (no window)" if win >= 0 else ""))
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:16s} sdpa failed: {e}")
 
-        if flex is None:
+        def others():
+            if "sinkattn" in methods or "cabi" in methods:
+                try:
+                    sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop, api="sinkattn" in methods,
+                                  cabi="cabi" in methods)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
+            if "fa4" in methods:
+                fa4_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
+
+        if flex is None and "flex" in methods:
             print("flex_attention not available")
         if flex is None or name not in FLEX_SHAPES:
-            try:
-                sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
-            except Exception as e:  # noqa: BLE001
-                print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
+            others()
+            write_json()
             continue
 
         def mask_mod(bb, hh, qi, kj):
@@ -158,21 +195,142 @@ def main(argv=None):
             report("flex + sink via lse", flex_fwd, flex_fb, "flex_sink", "sink through the LSE, torch.compile")
         except Exception as e:  # noqa: BLE001
             print(f"{name:16s} flex failed: {type(e).__name__}: {e}")
-
-        try:
-            sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
-        except Exception as e:  # noqa: BLE001
-            print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(dict(tool="bench_torch.py", command=" ".join(["python3 bench/bench_torch.py"] + argv), date=date,
-                           gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=ROWS), f, indent=1)
-            f.write("\n")
+        others()
+        write_json()
+    write_json()
     return 0
 
 
-def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
-    """sinkattn through its PyTorch API (BSHD tensors, as gpu_bench), then the operators against the C ABI."""
+def pop_option(argv, flag):
+    """The value of `flag VALUE` in argv (both removed), or None."""
+    if flag not in argv:
+        return None
+    i = argv.index(flag)
+    if i + 1 >= len(argv):
+        raise SystemExit(f"bench_torch.py: {flag} needs a value")
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def add_fa4_site(site):
+    """FlashAttention-4 installed with `pip install --target site`: the folder and the CuTe DSL's own package folder
+    (which nvidia_cutlass_dsl's .pth file would add in a real site-packages) go first on sys.path."""
+    site = os.path.abspath(site)
+    for p in (os.path.join(site, "nvidia_cutlass_dsl", "dsl_packages"), site):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def package_versions():
+    """The versions of the packages the rows came from (those installed)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("sinkattn", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "apache-tvm-ffi"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def why(e):
+    """An exception as a row records it: "refused: <message>" where the library turned the call down (its argument
+    checks raise AssertionError, NotImplementedError, ValueError or TypeError), else "failed: <type>: <message>"."""
+    msg = " ".join(str(e).split())[:300] or type(e).__name__
+    if isinstance(e, (AssertionError, NotImplementedError, ValueError, TypeError)):
+        return f"refused: {msg}"
+    return f"failed: {type(e).__name__}: {msg}"
+
+
+def autograd_rows(name, label, key, call, sets, fwd_flop, note):
+    """One row of a method called through torch autograd: `call(q, k, v, deterministic)` -> out. Forward (no grad),
+    forward + backward and forward + deterministic backward, each timed by bench() on `sets`; backward = (forward +
+    backward) - forward. A pass that raises leaves its reason in the row (fwd_error, bwd_error, det_error: why()),
+    the passes after a failed forward are not run, and the row is kept."""
+    row = dict(shape=name, method=key, note=note)
+    ROWS.append(row)
+
+    def fwd(q, k, v, g):
+        with torch.no_grad():
+            return call(q, k, v, False)
+
+    def fb(q, k, v, g):
+        call(q, k, v, False).backward(g)
+
+    def fb_det(q, k, v, g):
+        call(q, k, v, True).backward(g)
+
+    try:
+        tf = bench(fwd, sets)
+    except Exception as e:  # noqa: BLE001 (recorded in the row; the other methods go on)
+        row["fwd_error"] = why(e)
+        print(f"{name:16s} {label:22s} {row['fwd_error']}", flush=True)
+        return row
+    row.update(fwd_ms=tf, fwd_tflops=fwd_flop / tf * 1e-9)
+    det_label = f"  {label.split(' ')[0]} det bwd"
+    for what, fn, prefix in (("bwd", fb, ""), ("det", fb_det, "det_")):
+        try:
+            tfb = bench(fn, sets)
+        except Exception as e:  # noqa: BLE001
+            row[f"{what}_error"] = why(e)
+            print(f"{name:16s} {label if what == 'bwd' else det_label:22s} {row[f'{what}_error']}", flush=True)
+            continue
+        tb = max(tfb - tf, 1e-6)
+        row.update({f"{prefix}fb_ms": tfb, f"{prefix}bwd_ms": tfb - tf,
+                    f"{prefix}bwd_tflops": 2.5 * fwd_flop / tb * 1e-9})
+        if what == "bwd":
+            print(f"{name:16s} {label:22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
+                  f"{2.5 * fwd_flop / tb * 1e-9:9.1f}", flush=True)
+        else:
+            print(f"{name:16s} {det_label:22s} {'':8s} {'':9s} {tfb:8.3f} {2.5 * fwd_flop / tb * 1e-9:9.1f}",
+                  flush=True)
+    if "fb_ms" not in row:  # the forward line was not printed with the backward's
+        print(f"{name:16s} {label:22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f}", flush=True)
+    return row
+
+
+def fa4_function():
+    """FlashAttention-4's flash_attn_func (flash-attn-4, `flash_attn.cute`) and its version, or (None, why not)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 (absent, or it does not load here)
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    from importlib import metadata
+
+    try:
+        version = metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return flash_attn_func, version
+
+
+def fa4_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
+    """FlashAttention-4 through its PyTorch API (BSHD, as sinkattn's rows): the same sink logits (fp32 [h_q], log(s))
+    on the layers with sinks, the same window ((127, 0) with causal: keys i - 127 .. i) on the sliding layer."""
+    fn, version = fa4_function()
+    if fn is None:
+        ROWS.append(dict(shape=name, method="fa4", unavailable=version, note=f"not available: {version}"))
+        print(f"{name:16s} {'fa4':22s} not available: {version}", flush=True)
+        return
+    sets = random_sets((b, s, hq, d), (b, s, hkv, d), dev)
+    sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=use_sinks)
+    sk = sink if use_sinks else None
+    window = (win, 0) if win >= 0 else (None, None)
+
+    def call(q, k, v, deterministic):
+        out, _ = fn(q, k, v, causal=True, window_size=window, learnable_sink=sk, deterministic=deterministic)
+        return out
+
+    autograd_rows(name, "fa4 (flash-attn-4)", "fa4", call, sets, fwd_flop,
+                  f"flash-attn-4 {version} flash_attn.cute.flash_attn_func with autograd"
+                  + (", learnable_sink = log(s) fp32" if use_sinks else ", no sink (the layer has none)"))
+
+
+def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda", api=True, cabi=True):
+    """sinkattn through its PyTorch API (BSHD tensors, as gpu_bench; api), then the operators against the C ABI
+    (cabi)."""
     try:
         import sinkattn.torch as st
     except ImportError as e:
@@ -186,19 +344,15 @@ def sinkattn_rows(name, b, s, hq, hkv, d, win, use_sinks, fwd_flop, dev="cuda"):
     sk = sink if use_sinks else None
     window = (win, 0) if win >= 0 else (-1, -1)
 
-    def api_fwd(q, k, v, g):
-        with torch.no_grad():
-            return st.flash_attn_func(q, k, v, causal=True, window_size=window, learnable_sink=sk)
+    def call(q, k, v, deterministic):
+        return st.flash_attn_func(q, k, v, causal=True, window_size=window, learnable_sink=sk,
+                                  deterministic=deterministic)
 
-    def api_fb(q, k, v, g):
-        st.flash_attn_func(q, k, v, causal=True, window_size=window, learnable_sink=sk).backward(g)
-
-    tf, tfb = bench(api_fwd, sets), bench(api_fb, sets)
-    print(f"{name:16s} {'sinkattn (torch API)':22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
-          f"{2.5 * fwd_flop / max(tfb - tf, 1e-6) * 1e-9:9.1f}", flush=True)
-    ROWS.append(dict(shape=name, method="sinkattn_torch_api", fwd_ms=tf, fb_ms=tfb, bwd_ms=tfb - tf,
-                     fwd_tflops=fwd_flop / tf * 1e-9, bwd_tflops=2.5 * fwd_flop / max(tfb - tf, 1e-6) * 1e-9,
-                     note="flash_attn_func with autograd"))
+    if api:
+        autograd_rows(name, "sinkattn (torch API)", "sinkattn_torch_api", call, sets, fwd_flop,
+                      "flash_attn_func with autograd")
+    if not cabi:
+        return
 
     lib = torch_cabi.library()
     st_type = 2 if use_sinks else 0

@@ -15,9 +15,16 @@ that the first --check-steps training steps give the same losses with attn_imple
 weights, same batches); how far the sinks of every layer moved. Exit status 1 when the check fails, when the loss
 does not go down, or when the sinks do not move. CPU by default, the GPU when PyTorch sees one (bf16 autocast).
 
---benchmark: training tokens/s (forward, backward, AdamW step) of sinkattn against eager and against FlexAttention
-(attn_implementation="flex_attention", which applies sinks through its LSE; GPU only for GPT-OSS in transformers),
-at --context (default 4096 with --benchmark).
+--benchmark: training tokens/s (forward, backward, AdamW step) of sinkattn against eager, against FlexAttention
+(attn_implementation="flex_attention", which applies sinks through its LSE; GPU only for GPT-OSS in transformers) and
+against FlashAttention-4 (attn_implementation="flash_attention_4", a name transformers 5 has built in: it calls
+flash-attn-4's `flash_attn.cute.flash_attn_func` with the layer's sinks as `learnable_sink` and the sliding window as
+window_size (127, 127) with causal, i.e. keys i - 127 .. i; GPU only), at --context (default 4096 with --benchmark);
+--impls picks some. FlashAttention-4 is looked for first (flash_attn.cute imports, transformers sees the flash-attn-4
+distribution, a GPU of compute capability 9 or more): where it is not there the line says "not available: <why>"
+(the JSON's "unavailable") and the others still run; transformers is never left to fetch a kernel from the Hub in
+its place. On a GPU machine without network: tools/fa4-install.sh puts it in /tmp/fa4-site (`. /tmp/fa4-site/env.sh`
+before this starts).
 """
 
 from __future__ import annotations
@@ -188,18 +195,52 @@ def train(a, log=print):
     return result
 
 
+IMPLS = ("sinkattn", "eager", "flex_attention", "flash_attention_4")
+GPU_ONLY = ("flex_attention", "flash_attention_4")
+
+
+def fa4_unavailable(device):
+    """Why attn_implementation="flash_attention_4" cannot run here (None when it can): it needs flash-attn-4's
+    `flash_attn.cute` importable, transformers to see the flash-attn-4 distribution (else transformers would turn to
+    the `kernels` package and the Hub) and a CUDA GPU of compute capability 9 or more (Hopper, Blackwell)."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"needs compute capability 9.0 or more (this GPU: {major}.{minor})"
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (absent, or it does not load here)
+        return f"flash_attn.cute does not import: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    try:
+        from transformers.utils import is_flash_attn_4_available
+    except ImportError:
+        return "this transformers has no flash_attention_4"
+    if not is_flash_attn_4_available():
+        return "transformers does not see the flash-attn-4 distribution (is_flash_attn_4_available() is False)"
+    return None
+
+
 def benchmark(a, log=print):
     """Training tokens/s (forward, backward, AdamW) of each attention implementation on the same model."""
     sthf.register()
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (a.batch, a.context), generator=g).to(a.device)
-    impls = ["sinkattn", "eager"] + (["flex_attention"] if a.device == "cuda" else [])
+    impls = a.impls.split(",") if a.impls else [i for i in IMPLS if a.device == "cuda" or i not in GPU_ONLY]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        raise SystemExit(f"--impls: unknown {unknown} (known: {', '.join(IMPLS)})")
     state = None
-    res = {}
+    res, unavailable = {}, {}
     dev_name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     log(f"benchmark on {dev_name}: context {a.context}, batch {a.batch}, {a.layers} layers, {a.heads}/{a.kv_heads} "
         f"heads of {a.head_dim}, hidden {a.hidden}, {a.experts} experts, {a.dtype}, torch {torch.__version__}")
     for attn in impls:
+        why = fa4_unavailable(a.device) if attn == "flash_attention_4" else None
+        if why is not None:
+            res[attn], unavailable[attn] = None, why
+            log(f"  {attn:17s} not available: {why}")
+            continue
         try:
             model = build_model(a, attn, state)
             state = state or {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -214,20 +255,23 @@ def benchmark(a, log=print):
             float(loss)
             tps = a.bench_steps * a.batch * a.context / (time.perf_counter() - t0)
             res[attn] = tps
-            log(f"  {attn:15s} {tps:12,.0f} training tokens/s")
+            log(f"  {attn:17s} {tps:12,.0f} training tokens/s")
         except Exception as e:  # noqa: BLE001 (report, keep benchmarking the others)
             res[attn] = None
-            log(f"  {attn:15s} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            log(f"  {attn:17s} failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
         finally:
             model = t = None
             if a.device == "cuda":
                 torch.cuda.empty_cache()
-    for other in impls[1:]:
-        if res.get(other) and res.get("sinkattn"):
+    for other in impls:
+        if other != "sinkattn" and res.get(other) and res.get("sinkattn"):
             log(f"  sinkattn / {other}: {res['sinkattn'] / res[other]:.2f}x")
-    return {"tool": "finetune_gpt_oss_hf.py", "device": dev_name,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "torch": torch.__version__, "benchmark": res, "config": vars(a)}
+    out = {"tool": "finetune_gpt_oss_hf.py", "device": dev_name,
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "torch": torch.__version__, "benchmark": res, "config": vars(a)}
+    if unavailable:
+        out["unavailable"] = unavailable
+    return out
 
 
 def parse_args(argv=None):
@@ -258,7 +302,11 @@ def parse_args(argv=None):
     ap.add_argument("--eval-every", type=int, default=50, help="(default: %(default)s)")
     ap.add_argument("--eval-batches", type=int, default=4, help="(default: %(default)s)")
     ap.add_argument("--data-dir", default="/usr/share/common-licenses", help="(default: %(default)s)")
-    ap.add_argument("--benchmark", action="store_true", help="training tokens/s: sinkattn vs eager vs flex_attention")
+    ap.add_argument("--benchmark", action="store_true",
+                    help="training tokens/s: sinkattn vs eager, flex_attention and flash_attention_4 (GPU)")
+    ap.add_argument("--impls", default=None,
+                    help=f"--benchmark's attention implementations, a comma list of {', '.join(IMPLS)} (default: "
+                         "all of them on the GPU, sinkattn and eager on the CPU)")
     ap.add_argument("--bench-steps", type=int, default=10, help="(default: %(default)s)")
     ap.add_argument("--bench-warmup", type=int, default=3, help="(default: %(default)s)")
     ap.add_argument("--json", default=None, help="write the results as JSON to this path")

@@ -12,8 +12,18 @@
 #   WHEEL_STEPS="hf"     the HF GPT-OSS training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first
 #                        steps checked against eager, then 100 steps)
 #   WHEEL_STEPS="torch"  the PyTorch tests on the GPU (tools/gpu-torch-check.sh)
+#   WHEEL_STEPS="fa4"    FlashAttention-4 beside sinkattn (issue 37): bench/bench_torch.py --methods sdpa,sinkattn,fa4
+#                        on every layer (forward, backward, deterministic backward; a layer FA4 turns down keeps its
+#                        row with "refused: <its message>"), then examples/finetune_gpt_oss_hf.py --benchmark with
+#                        attn_implementation "sinkattn", "eager" and "flash_attention_4"; FA4 from /tmp/fa4-site
+#                        (FA4_SITE) of tools/fa4-install.sh, whose header gives the two device calls that bring it
+#                        (the second: tools/fa4-install.sh stage && tools/fa4-install.sh install &&
+#                        WHEEL_STEPS=fa4 tools/gpu-wheel-check.sh). Both parts write their JSON as they go;
+#                        FA4_PARTS (default "bench hf") runs one of them (e.g. the HF part in a third call to the
+#                        same warm machine), FA4_BENCH_ARGS adds bench_torch.py arguments (layer names: some
+#                        layers), FA4_BENCH_TIMEOUT / FA4_HF_TIMEOUT (default 360 / 130 s) bound them
 # Logs go to $OUT (default ./gpu-check-out): wheel_install.log wheel_info.log pytest.log wheel_hf.log
-# torch_pytest.log, and lines in summary.txt.
+# torch_pytest.log bench_torch_fa4.{log,json} hf_bench_fa4.{log,json}, and lines in summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 STEPS=${WHEEL_STEPS:-"info suite"}
@@ -64,5 +74,40 @@ if has suite; then
 fi
 if has torch; then
   SITE_DIR=$SITE TORCH_STEPS=pytest OUT=$OUT PYTHON=$PY tools/gpu-torch-check.sh || status=1
+fi
+if has fa4; then
+  # in a subshell: FA4's PYTHONPATH stays with this step
+  (
+    fa4=${FA4_SITE:-/tmp/fa4-site}
+    if [ -f "$fa4/env.sh" ]; then
+      . "$fa4/env.sh"
+      note "fa4: FlashAttention-4 from $fa4 ($(grep -o 'PYTHONPATH=[^$]*' "$fa4/env.sh"))"
+    else
+      note "fa4: no $fa4/env.sh (no tools/fa4-install.sh install on this machine): FA4 will say not available"
+    fi
+    rc_all=0
+    parts=${FA4_PARTS:-"bench hf"}
+    if [[ " $parts " == *" bench "* ]]; then
+      t0=$(date +%s)
+      # shellcheck disable=SC2086
+      PYTHONUNBUFFERED=1 timeout "${FA4_BENCH_TIMEOUT:-360}" $PY bench/bench_torch.py --methods sdpa,sinkattn,fa4 \
+        --json "$OUT/bench_torch_fa4.json" ${FA4_BENCH_ARGS:-} >"$OUT/bench_torch_fa4.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || rc_all=1
+      note "bench_torch.py --methods sdpa,sinkattn,fa4${FA4_BENCH_ARGS:+ $FA4_BENCH_ARGS}: rc=$rc in" \
+        "$(($(date +%s) - t0)) s (bench_torch_fa4.log, .json)"
+      grep -vE "^\s|^Traceback|^  File" "$OUT/bench_torch_fa4.log" | cut -c1-220 | tee -a "$SUMMARY"
+    fi
+    if [[ " $parts " == *" hf "* ]]; then
+      t0=$(date +%s)
+      PYTHONUNBUFFERED=1 timeout "${FA4_HF_TIMEOUT:-130}" $PY examples/finetune_gpt_oss_hf.py --benchmark \
+        --impls sinkattn,eager,flash_attention_4 --json "$OUT/hf_bench_fa4.json" >"$OUT/hf_bench_fa4.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || rc_all=1
+      note "HF GPT-OSS training benchmark, sinkattn / eager / flash_attention_4: rc=$rc in" \
+        "$(($(date +%s) - t0)) s (hf_bench_fa4.log, .json)"
+      grep -E "benchmark on|tokens/s|not available|failed|sinkattn /" "$OUT/hf_bench_fa4.log" | cut -c1-220 \
+        | tee -a "$SUMMARY"
+    fi
+    exit $rc_all
+  ) || status=1
 fi
 exit $status

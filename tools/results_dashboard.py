@@ -240,6 +240,21 @@ def anchor_value(row, shape, what):
     return row.get("fb_ms") if row.get("fb_ms") is not None else (None if f is None or b is None else f + b)
 
 
+def anchor_absent(row, what, name="FA4"):
+    """Why an anchor row gives no time for `what` ("fwd", "bwd", "fb", "det"): the reason the row records
+    (bench_torch.py: "unavailable", or fwd_error / bwd_error / det_error: "refused: <the library's message>" or
+    "failed: <error>"), else that the run has none."""
+    if row is not None:
+        keys = ["unavailable", "fwd_error"] + {"bwd": ["bwd_error"], "fb": ["bwd_error"], "det": ["det_error"]}.get(
+            what, [])
+        for key in keys:
+            if row.get(key):
+                text = ("not available: " if key == "unavailable" else "") + " ".join(str(row[key]).split())
+                text = text.replace("|", "/")
+                return f"{name} {text[:120] + ('...' if len(text) > 120 else '')}"
+    return f"no {name} in this run"
+
+
 class Dashboard:
     def __init__(self, runs):
         self.runs = sorted(runs, key=lambda r: r.sort_key)
@@ -293,7 +308,8 @@ class Dashboard:
                         status = "not judged: no anchor in this run"
                     else:
                         alone = "" if x_fa4 is not None and x_sdpa is not None else (
-                            "against SDPA; no FA4 in this run" if x_fa4 is None else "against FA4; SDPA has no such call")
+                            "against SDPA; " + anchor_absent(run.anchor(shape, "fa4"), what) if x_fa4 is None
+                            else "against FA4; SDPA has no such call")
                         status = ("met" + (f" ({alone})" if alone else "")) if judged >= TARGET_SPEED else \
                             self.missed(what, shape, alone or None)
                 cells = [LAYERS[shape], {"fwd": "fwd", "bwd": "bwd", "fb": "fwd + bwd"}[what], run.short, fmt_ms(v),
@@ -320,7 +336,7 @@ class Dashboard:
                 x_def = default / det if default else None
                 x_fa4 = fa4 / det if fa4 else None
                 ok = x_def is not None and x_def >= TARGET_DET_X and (x_fa4 is None or x_fa4 >= TARGET_SPEED)
-                alone = None if x_fa4 is not None else "no FA4 in this run"
+                alone = None if x_fa4 is not None else anchor_absent(run.anchor(shape, "fa4"), "det")
                 status = ("met" + (f" ({alone})" if alone else "")) if ok else self.missed(
                     "det", shape if ("det", shape) in REASONS else "*", alone)
                 cells = [LAYERS[shape], run.short, fmt_ms(det), fmt_ms(default), fmt_x(x_def), fmt_ms(fa4),
@@ -394,7 +410,7 @@ class Dashboard:
                "|---|---|---|---|---|---|---|---|"]
         for run, o in self.latest(lambda r: r.tool("finetune_gpt_oss_hf.py")):
             res = o["benchmark"]
-            others = [k for k in ("eager", "flex_attention") if res.get(k)]
+            others = [k for k in ("eager", "flex_attention", "flash_attention_4") if res.get(k)]
             out.append(
                 f"| HF transformers GPT-OSS ({model_text(o.get('config', {}))}), training tokens/s | {run.short} | "
                 f"{fmt_tps(res['sinkattn'])} | "

@@ -49,3 +49,22 @@ def test_benchmark_runs(example):
     assert example.main(tiny + ["--benchmark", "--bench-steps", "1", "--bench-warmup", "1"], log=lines.append) == 0
     text = "\n".join(lines)
     assert "sinkattn" in text and "eager" in text and "failed" not in text, text
+
+
+def test_benchmark_says_when_flash_attention_4_is_not_there(example, tmp_path):
+    """attn_implementation="flash_attention_4" beside "sinkattn": where FlashAttention-4 cannot run (here: no GPU) the
+    benchmark says why, records it in the JSON, and still measures the others."""
+    import json
+
+    lines = []
+    out = tmp_path / "bench.json"
+    assert example.main(TINY + ["--benchmark", "--bench-steps", "1", "--bench-warmup", "1", "--impls",
+                                "sinkattn,flash_attention_4", "--json", str(out)], log=lines.append) == 0
+    res = json.loads(out.read_text())
+    why = example.fa4_unavailable(res["config"]["device"])
+    if why is None:
+        pytest.skip("FlashAttention-4 runs here: the GPU tests cover it")
+    text = "\n".join(lines)
+    assert f"flash_attention_4 not available: {why}" in text, text
+    assert res["benchmark"]["flash_attention_4"] is None and res["unavailable"] == {"flash_attention_4": why}
+    assert res["benchmark"]["sinkattn"] > 0 and "failed" not in text
