@@ -18,8 +18,10 @@
 # Everything runs in this one call (one device `run`): put the steps you need in STEPS.
 # Decode and paged KV (issue 13): STEPS "decode" runs sinkattn_gpu_decode (decode kernels and paged KV against the
 # float64 reference, split counts, CUDA-graph capture) and compute-sanitizer memcheck + racecheck on its --small
-# cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed vs copy bandwidth, for
-# bench/RESULTS.md; DECODE_ITERS replays, default 50).
+# cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed against the copy bandwidth and a
+# streaming-read kernel over each configuration's bytes, for bench/RESULTS.md; DECODE_ITERS replays, default 50;
+# DECODE_ARGS more arguments, word-split: a filter such as "sliding,b256", "--sweep-splits" to time every
+# configuration with forced split counts 1-128 too).
 # STEPS "concurrency" (in the default steps) runs sinkattn_gpu_concurrency: 8 host threads, one stream each, forward +
 # backward on different and shared inputs, bitwise equal to single-threaded runs, sinkattn_last_error per thread.
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log; the
@@ -36,7 +38,7 @@
 # SAN_MATCH (edge cases the sanitizer step runs besides its small sweep: names containing it, default "bias"; empty:
 # none), SAN_TOOLS (the compute-sanitizer tools for those, default "memcheck racecheck synccheck"), JOBS (default
 # nproc), SUITE_TIMEOUT (default 420), PYTHON_TIMEOUT (default 420), DECODE_TIMEOUT (300),
-# DECODE_BENCH_TIMEOUT (540).
+# DECODE_BENCH_TIMEOUT (540), DECODE_ITERS (50), DECODE_ARGS (none).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -178,8 +180,9 @@ fi
 
 if [[ " $STEPS " == *" decode_bench "* ]]; then
   t0=$(date +%s)
-  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" --json "$OUT/gpu_bench_decode.json" \
-    >"$OUT/decode_bench.log" 2>&1
+  # DECODE_ARGS unquoted: split into words on purpose
+  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" ${DECODE_ARGS:-} \
+    --json "$OUT/gpu_bench_decode.json" >"$OUT/decode_bench.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   note "decode bench: rc=$rc in $(($(date +%s) - t0)) s (decode_bench.log)"

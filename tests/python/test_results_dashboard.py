@@ -70,3 +70,63 @@ def test_a_new_run_from_benchmark_json_replaces_the_older_one(tmp_path):
             "[2026-11-30-hopper-forward.md](log/2026-11-30-hopper-forward.md) |") in text
     # and the page it wrote is what --check expects
     assert run("--check", "--runs-dir", bench / "runs", "--out", out).returncode == 0
+
+
+def decode_json(gpu, date, rows):
+    """The shape of sinkattn_gpu_bench_decode --json (tests/gpu/gpu_bench_decode.cu)."""
+    return {"tool": "sinkattn_gpu_bench_decode", "command": "sinkattn_gpu_bench_decode 20 --json d.json",
+            "date": date, "gpu": gpu, "sms": 132, "iters": 20, "num_splits": 0, "copy_gbs": 2700.0,
+            "floor_graph_us": 0.6, "floor_stream_us": 5.0, "rows": rows, "skipped": []}
+
+
+def decode_row(layer, page, batch, context, kv_mb, gbs, read_gbs=None):
+    row = {"layer": layer, "page": page, "batch": batch, "context": context, "kv_mb": kv_mb,
+           "us_graph": kv_mb / gbs * 1e3, "us_stream": kv_mb / gbs * 1e3 + 2, "gbs": gbs}
+    if read_gbs is not None:
+        row.update(read_us_graph=kv_mb / read_gbs * 1e3, read_gbs=read_gbs, splits=1, kernels=1)
+    return row
+
+
+def decode_lines(text):
+    section = text.split("## Decode")[1].split("\n## ")[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| configurations")]
+
+
+def test_decode_rows_are_judged_against_the_streaming_read_of_their_own_bytes(tmp_path):
+    """A decode run whose rows carry read_gbs (a streaming-read kernel over each configuration's bytes, same run) is
+    judged: >= 64 MB at >= 90% of it, the sliding layer at batch 256 at >= 80%; a run without it keeps "not judged"."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
+    shutil.copytree(ROOT / "bench" / "log", bench / "log")
+    out = bench / "RESULTS.md"
+    log = "bench/log/2026-12-01-decode.md"
+    h200 = decode_json("NVIDIA H200", "2031-02-03T04:05:06Z", [
+        decode_row("full", 16, 8, 8192, 134.22, 3000.0, 3200.0),     # 93.8%
+        decode_row("full", 16, 1, 32768, 67.11, 1700.0, 3100.0),     # 54.8%: below 90%
+        decode_row("sliding", 16, 256, 1024, 67.11, 2600.0, 3000.0),  # 86.7%: >= 80% but < 90%
+        decode_row("sliding", 16, 1, 1024, 0.26, 43.0, 110.0)])
+    h100 = decode_json("NVIDIA H100 80GB HBM3", "2031-02-03T05:00:00Z", [
+        decode_row("full", 16, 8, 8192, 134.22, 3000.0),
+        decode_row("sliding", 16, 256, 1024, 67.11, 1500.0),
+        decode_row("sliding", 16, 1, 1024, 0.26, 43.0)])
+    for name, data in (("h200", h200), ("h100", h100)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        r = run("--runs-dir", bench / "runs", "--out", out, "add", "--commit", f"{name}0001", "--log", log,
+                "--name", f"decode-{name}", tmp_path / f"{name}.json")
+        assert r.returncode == 0, r.stdout + r.stderr
+    lines = decode_lines(out.read_text())
+    big = next(line for line in lines if line.startswith("| K/V read >= 64 MB (3) | H200"))
+    assert "54.8-93.8% of a streaming read of the same bytes" in big
+    assert "streaming read of each configuration's bytes, 3000-3200 GB/s" in big
+    # the sliding layer at batch 256 (67 MB) is in both targets: above its own 80%, below the 90% of >= 64 MB
+    assert ("**missed** (2 of 3 configurations; lowest: full b1 ctx32768 page 16 54.8%, sliding b256 ctx1024 page 16 "
+            "86.7%)") in big
+    sliding = next(line for line in lines if line.startswith("| sliding layer, batch 256 (1) | H200"))
+    assert "86.7-86.7% of a streaming read" in sliding and "| met |" in sliding
+    # the run without a streaming read is not judged against the copy figure
+    old_big = next(line for line in lines if line.startswith("| K/V read >= 64 MB (2) | H100"))
+    assert "not judged: this run measured no streaming-read kernel" in old_big
+    assert "device copy (read + write) 2700 GB/s" in old_big
+    old_sliding = next(line for line in lines if line.startswith("| sliding layer, batch 256 (1) | H100"))
+    assert "not judged" in old_sliding
+    assert run("--check", "--runs-dir", bench / "runs", "--out", out).returncode == 0
