@@ -5,8 +5,8 @@ forward + backward, bf16, b=2, s=4096, causal, on the shapes of `sinkattn bench 
 GPT-OSS full layer (h_q 64, h_kv 8, d 64, sinks), GPT-OSS sliding layer (window 127), MHA (h 32, d 128), and the
 rows issue 12 adds: head dim 256 (h 16) and one sequence of 16384 tokens (b 1) of the GPT-OSS full and MHA layers.
 FlexAttention runs on the three layers only (its compilation per shape is the longest part of a run).
-Usage: bench_torch.py [NAME-SUBSTRING ...] [--json FILE] [--methods LIST] [--fa4-site DIR] (default: every shape,
-every method). --json also writes the rows as JSON (the GPU, torch's version, the UTC time, the command, one object
+Usage: bench_torch.py [NAME-SUBSTRING ...] [--json FILE] [--methods LIST] [--fa4-site DIR] [--timing HOW] (default:
+every shape, every method, per-call timing). --json also writes the rows as JSON (the GPU, torch's version, the UTC time, the command, one object
 per shape and method; rewritten after every layer), the input of tools/results_dashboard.py, which builds
 bench/RESULTS.md. --methods: a comma list of sdpa, flex, sinkattn (its torch API), cabi (its operators against the
 C ABI), fa4 (default: all of them). --fa4-site DIR: FlashAttention-4 installed with `pip install --target DIR`
@@ -27,8 +27,12 @@ ratio shows is what the op adds on the GPU: extra kernels, copies, a host cost t
 sync", each call timed alone after a synchronisation (the host time of each call counts: issue 11 bounds it
 separately, at 15 us).
 FLOPs: forward 4 * b * h_q * d * visible pairs, backward 2.5x (forward + backward = 3.5x).
-Times: CUDA events, median of `reps` after warm-up (FA4 compiles its kernels in the warm-up calls), inputs rotated
-over 3 sets."""
+Times: CUDA events, inputs rotated over 3 sets, after warm-up (FA4 compiles its kernels in the warm-up calls).
+--timing per-call (the default): each call timed alone after a synchronisation, the median of `reps` (the host
+time of a call counts where it exceeds nothing queued before it: FlashAttention-4's host path costs ~0.2 ms a call);
+--timing pipelined: `reps` calls issued back to back between two CUDA events (bench_pipelined), as a training step
+issues them, so the rows compare the GPU work of the methods. Forward + backward calls set the inputs' .grad to
+None first (no gradient accumulation kernels in the timing). The JSON records which."""
 import datetime
 import json
 import math
@@ -56,6 +60,7 @@ SHAPES = [
 FLEX_SHAPES = ("gpt-oss-full", "gpt-oss-sliding", "mha-d128")
 METHODS = ("sdpa", "flex", "sinkattn", "cabi", "fa4")
 ROWS = []  # what --json writes: one dict per (shape, method)
+TIMING = {"how": "per-call"}  # --timing: which timer the method rows use (timed())
 
 
 def random_sets(q_shape, kv_shape, dev, n=3):
@@ -77,6 +82,16 @@ def bench(fn, sets, reps=20, warmup=3):
             times.append(e0.elapsed_time(e1))
     times.sort()
     return times[len(times) // 2]
+
+
+def timed(fn, sets):
+    """ms per call of fn on the rotated sets, by the timer --timing chose."""
+    return bench_pipelined(fn, sets) if TIMING["how"] == "pipelined" else bench(fn, sets)
+
+
+def no_grads(q, k, v):
+    """Drop the inputs' gradients before a timed backward (else autograd adds each new one to the old)."""
+    q.grad = k.grad = v.grad = None
 
 
 def bench_pipelined(fn, sets, reps=20, warmup=3):
@@ -102,6 +117,9 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"bench_torch.py: unknown methods {unknown} (known: {', '.join(METHODS)})")
     fa4_site = pop_option(argv, "--fa4-site")
+    TIMING["how"] = pop_option(argv, "--timing") or "per-call"
+    if TIMING["how"] not in ("per-call", "pipelined"):
+        raise SystemExit(f"bench_torch.py: --timing per-call or pipelined, not {TIMING['how']}")
     if fa4_site:
         add_fa4_site(fa4_site)
     dev = "cuda"
@@ -118,6 +136,7 @@ def main(argv=None):
         with open(json_path, "w") as f:
             json.dump(dict(tool="bench_torch.py", command=" ".join(["python3 bench/bench_torch.py"] + cmd), date=date,
                            gpu=torch.cuda.get_device_name(), torch=torch.__version__, methods=methods,
+                           timing=TIMING["how"],
                            versions=package_versions(), rows=ROWS), f, indent=1)
             f.write("\n")
 
@@ -129,8 +148,8 @@ def main(argv=None):
         sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=sinks)
 
         def report(method, f_fwd, f_fb, key, note=""):
-            tf = bench(f_fwd, sets)
-            tfb = bench(f_fb, sets)
+            tf = timed(f_fwd, sets)
+            tfb = timed(f_fb, sets)
             tb = max(tfb - tf, 1e-6)
             print(f"{name:16s} {method:22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
                   f"{2.5 * fwd_flop / tb * 1e-9:9.1f}", flush=True)
@@ -144,6 +163,7 @@ def main(argv=None):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != hq)
 
         def sdpa_fb(q, k, v, g):
+            no_grads(q, k, v)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != hq)
             o.backward(g)
 
@@ -189,6 +209,7 @@ def main(argv=None):
                 return flex_sink(q, k, v)
 
         def flex_fb(q, k, v, g):
+            no_grads(q, k, v)
             flex_sink(q, k, v).backward(g)
 
         try:
@@ -246,7 +267,7 @@ def why(e):
 
 def autograd_rows(name, label, key, call, sets, fwd_flop, note):
     """One row of a method called through torch autograd: `call(q, k, v, deterministic)` -> out. Forward (no grad),
-    forward + backward and forward + deterministic backward, each timed by bench() on `sets`; backward = (forward +
+    forward + backward and forward + deterministic backward, each timed by timed() on `sets`; backward = (forward +
     backward) - forward. A pass that raises leaves its reason in the row (fwd_error, bwd_error, det_error: why()),
     the passes after a failed forward are not run, and the row is kept."""
     row = dict(shape=name, method=key, note=note)
@@ -257,13 +278,15 @@ def autograd_rows(name, label, key, call, sets, fwd_flop, note):
             return call(q, k, v, False)
 
     def fb(q, k, v, g):
+        no_grads(q, k, v)
         call(q, k, v, False).backward(g)
 
     def fb_det(q, k, v, g):
+        no_grads(q, k, v)
         call(q, k, v, True).backward(g)
 
     try:
-        tf = bench(fwd, sets)
+        tf = timed(fwd, sets)
     except Exception as e:  # noqa: BLE001 (recorded in the row; the other methods go on)
         row["fwd_error"] = why(e)
         print(f"{name:16s} {label:22s} {row['fwd_error']}", flush=True)
@@ -272,7 +295,7 @@ def autograd_rows(name, label, key, call, sets, fwd_flop, note):
     det_label = f"  {label.split(' ')[0]} det bwd"
     for what, fn, prefix in (("bwd", fb, ""), ("det", fb_det, "det_")):
         try:
-            tfb = bench(fn, sets)
+            tfb = timed(fn, sets)
         except Exception as e:  # noqa: BLE001
             row[f"{what}_error"] = why(e)
             print(f"{name:16s} {label if what == 'bwd' else det_label:22s} {row[f'{what}_error']}", flush=True)

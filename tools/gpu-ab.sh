@@ -18,7 +18,7 @@ shopt -s nullglob
 cd "$(dirname "$0")/.."
 AB_DIR=$(realpath -m "${AB_DIR:-build-ab}")
 cmd=${1:-}
-# Every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0.
+# Every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0 (and libsinkattn.so).
 unpack() {
   local f name
   for f in "$AB_DIR"/*.so.xz; do
@@ -26,6 +26,7 @@ unpack() {
     mkdir -p "$AB_DIR/$name"
     python3 -c "import lzma, sys; open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())" \
       "$f" "$AB_DIR/$name/libsinkattn.so.0"
+    ln -sf libsinkattn.so.0 "$AB_DIR/$name/libsinkattn.so"  # a bench linked to the unversioned name
   done
 }
 case "$cmd" in
