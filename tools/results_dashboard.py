@@ -57,9 +57,9 @@ TARGET_DECODE_FLOOR_X = 2.0  # K/V under 4 MB: time per call over the launch flo
 # Why a target is missed, in one sentence, and the log that measured it. Shown only where the status is "missed".
 REASONS = {
     ("fwd", "gpt-oss-full"): (
-        "The spread between runs is as large as the margin (0.98-1.03x of SDPA over five H200 runs); the kernel "
-        "keeps 51% of issue slots busy with 0.92 eligible warps per scheduler (ncu, H100).",
-        "2026-12-05-pdl-dsinks.md"),
+        "FlashAttention-4's forward is 1.16x faster in the same run and not yet profiled beside it; the last ncu "
+        "profile of this kernel showed 51% of issue slots busy with 0.92 eligible warps per scheduler.",
+        "2026-12-06-named-parts-fa4-decode.md"),
     ("bwd", "gpt-oss-full"): (
         "The dK dV kernel is 1.77 of the 1.91 ms (H200) and its two warpgroups wait for each other at the step "
         "barrier before the dQ product (ncu: 36% issue slots, tensor pipe 40%).",
@@ -117,9 +117,19 @@ REASONS = {
         "warp per scheduler (ncu).",
         "2026-12-02-dropout-forward-hopper.md"),
     ("decode", "small"): (
-        "A decode call is two kernels (the attention and the split combine), and the smallest take 6.0 us in a "
-        "graph against a 0.64 us empty-kernel floor.",
-        "2026-12-01-decode.md"),
+        "The smallest calls are already one kernel (one split) and still take about 6 us in a graph: the block's "
+        "start (Q, the page table, then the first K / V tile, dependent loads) and its end, not the split combine "
+        "(H100, 2026-12-06).",
+        "2026-12-06-named-parts-fa4-decode.md"),
+    ("decode", "read"): (
+        "No split count fixes the small-batch calls (the best forced count reaches 57-60% at batch 1, 32k keys); "
+        "with few blocks each block's start (Q, page table, then K / V: dependent loads) and too few bytes in "
+        "flight per SM bound them.",
+        "2026-12-06-named-parts-fa4-decode.md"),
+    ("decode", "sliding"): (
+        "A block reads 32 KB of its window but holds 76 KB of shared memory for a 4-stage ring (3 blocks an SM), "
+        "and its start and end have no loads in flight; 2 splits are 1.5x slower than 1.",
+        "2026-12-06-named-parts-fa4-decode.md"),
 }
 
 INTRO = """\
