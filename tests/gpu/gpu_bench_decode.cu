@@ -44,6 +44,26 @@
 
 namespace {
 
+// What the program is doing ("full ps64 b256 ctx8192, heuristic splits"), named by every CUDA error below: a kernel's
+// fault surfaces at the next synchronisation, and the row that was running is the one to suspect.
+std::string g_doing = "setup";
+
+}  // namespace
+
+// cuda_check.hpp's CK, with g_doing in its message.
+#undef CK
+#define CK(expr)                                                                                               \
+  do {                                                                                                         \
+    cudaError_t _e = (expr);                                                                                   \
+    if (_e != cudaSuccess) {                                                                                   \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s (during: %s)\n", cudaGetErrorName(_e), __FILE__, __LINE__, \
+                   #expr, g_doing.c_str());                                                                    \
+      std::exit(2);                                                                                            \
+    }                                                                                                          \
+  } while (0)
+
+namespace {
+
 constexpr int kHq = 64, kHkv = 8, kD = 64;
 constexpr size_t kL2Rotate = 256ull << 20;  // rotate caches until R * cache >= 256 MiB (the H200's L2 is 60 MiB)
 constexpr int kMaxSplits = 128;             // kCombineMaxSplits (src/cuda/decode/decode_combine.cuh)
@@ -132,6 +152,25 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
   }
 }
 
+// Host-to-device upload on `st`, waited for. Not cudaMemcpy: that runs on the legacy default stream, which `st`
+// (cudaStreamNonBlocking) is not ordered after, and from pageable memory it returns once the data is staged, before
+// the DMA has landed (CUDA Runtime API, "API synchronization behavior"): a kernel launched on `st` right after it
+// could read the buffer's previous contents. For a page table those are whatever the allocator's reused memory
+// held (the fp32 partials of a freed split workspace read as pages: +-1e9), hence faults far outside the cache
+// (cudaErrorIllegalAddress, cudaErrorInvalidAddressSpace) that depend on timing and on the allocation history, and
+// that compute-sanitizer, which serialises the copies and the kernels, does not see.
+void upload(void* dst, const void* src, size_t bytes, cudaStream_t st) {
+  CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+  CK(cudaStreamSynchronize(st));
+}
+
+// Waits for all the device's work and checks for an error (a fault of an earlier kernel included), so that it is
+// reported for `g_doing`, the step that launched it, not for a later one.
+void finish_step() {
+  CK(cudaDeviceSynchronize());
+  CK(cudaGetLastError());
+}
+
 struct Timing {
   float graph_us = 0, stream_us = 0;
 };
@@ -212,6 +251,7 @@ int main(int argc, char** argv) {
   {
     const size_t bytes = 2ull << 30;
     void *a, *b;
+    g_doing = "copy bandwidth and streaming read of 2 GiB";
     CK(cudaMalloc(&a, bytes));
     CK(cudaMalloc(&b, bytes));
     CK(cudaMemsetAsync(a, 1, bytes, st));
@@ -221,9 +261,11 @@ int main(int argc, char** argv) {
     const Timing tr = time_calls(
         1, [&](int) { read_kernel(a, static_cast<char*>(a) + bytes / 2, bytes / 2, st); }, 20, st, false);
     read_2g_gbs = bytes / (tr.graph_us * 1e-6) * 1e-9;
-    cudaFree(a);
-    cudaFree(b);
+    finish_step();
+    CK(cudaFree(a));
+    CK(cudaFree(b));
   }
+  g_doing = "launch floor";
   const Timing floor_t = time_calls(
       8, [&](int) { empty_kernel<<<1, 32, 0, st>>>(); }, iters * 4, st);
   std::printf("gpu_bench_decode on %s (%d SMs), bf16 paged KV, h_q %d h_kv %d d %d, learnable sinks, 1 query per "
@@ -279,6 +321,7 @@ int main(int argc, char** argv) {
         report["skipped"].push_back({{"batch", b}, {"context", ctx}, {"need_gb", need / 1e9}, {"free_gb", free_b / 1e9}});
         continue;
       }
+      g_doing = "b" + std::to_string(b) + " ctx" + std::to_string(ctx) + ": caches and streaming read";
       uint16_t *k, *v;
       CK(cudaMalloc(&k, R * kv_elems * 2));
       CK(cudaMalloc(&v, R * kv_elems * 2));
@@ -295,8 +338,8 @@ int main(int argc, char** argv) {
         std::vector<float> hs(kHq);
         for (int h = 0; h < kHq; ++h) hs[h] = h % 2 ? 2.f : std::log(float(ctx));
         std::vector<int32_t> hu(b, ctx);
-        CK(cudaMemcpy(sinks, hs.data(), kHq * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(used, hu.data(), size_t(b) * 4, cudaMemcpyHostToDevice));
+        upload(sinks, hs.data(), kHq * 4, st);
+        upload(used, hu.data(), size_t(b) * 4, st);
       }
       // The streaming read of each layer's bytes: call r reads the first half-bytes of cache r's K and V.
       Timing read_t[2];
@@ -307,7 +350,9 @@ int main(int argc, char** argv) {
             R, [&](int r) { read_kernel(k + size_t(r) * kv_elems, v + size_t(r) * kv_elems, half, st); }, iters, st,
             false);
       }
+      finish_step();
       for (int ps : {16, 64}) {
+        g_doing = tag_of(0, ps) + " / " + tag_of(1, ps) + ": page tables";
         const int64_t pages = int64_t(b) * ctx / ps;  // per cache
         const int64_t max_pages = ctx / ps;
         int32_t* tables;
@@ -322,12 +367,13 @@ int main(int argc, char** argv) {
             std::shuffle(perm.begin(), perm.end(), rng);
             all.insert(all.end(), perm.begin(), perm.end());
           }
-          CK(cudaMemcpy(tables, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
+          upload(tables, all.data(), all.size() * 4, st);
         }
         for (int sliding = 0; sliding < 2; ++sliding) {
           const char* layer = sliding ? "sliding" : "full";
           const std::string tag = tag_of(sliding, ps);
           if (!matches(tag, only)) continue;
+          g_doing = tag + ", num_splits " + (force_splits > 0 ? std::to_string(force_splits) : "heuristic");
           sinkattn_params_t p;
           sinkattn_params_init(&p);
           const int64_t qs[4] = {b, 1, kHq, kD}, ls[3] = {b, kHq, 1}, hs[1] = {kHq}, us[1] = {b};
@@ -409,6 +455,7 @@ int main(int argc, char** argv) {
               if (s > std::max(tiles, 1) || s > kMaxSplits) break;
               std::vector<sinkattn_params_t> forced(calls);
               for (sinkattn_params_t& c : forced) c.num_splits = s;
+              g_doing = tag + ", split sweep: num_splits " + std::to_string(s);
               const Timing ts = run(forced, false);
               if (!ok) return 1;
               times[std::to_string(s)] = ts.graph_us;
@@ -434,13 +481,17 @@ int main(int argc, char** argv) {
           }
           report["rows"].push_back(row);
           std::fflush(stdout);
-          if (wsp) cudaFree(wsp);
+          finish_step();  // the row's last calls, before its workspace is freed
+          if (wsp) CK(cudaFree(wsp));
         }
-        cudaFree(tables);
+        CK(cudaFree(tables));
       }
-      for (void* x : {static_cast<void*>(k), static_cast<void*>(v), q, out, lse, sinks, used}) cudaFree(x);
+      g_doing = "b" + std::to_string(b) + " ctx" + std::to_string(ctx) + ": freeing the caches";
+      for (void* x : {static_cast<void*>(k), static_cast<void*>(v), q, out, lse, sinks, used}) CK(cudaFree(x));
     }
   }
+  g_doing = "the end of the run";
+  finish_step();
   if (sweep && !sweep_rows.empty()) {
     int within = 0;
     for (const SweepRow& r : sweep_rows) within += r.heuristic_us <= 1.05f * r.best_us;

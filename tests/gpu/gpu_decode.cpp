@@ -474,6 +474,8 @@ void graph_capture_test() {
       for (int rep = 0; rep < 2; ++rep) {
         P.out.poison_dev();
         P.lse.poison_dev();
+        CK(cudaDeviceSynchronize());  // the poisoning (cudaMemset: legacy stream) before the replay on the non-blocking
+                                      // stream, which is not ordered after it
         CK(cudaGraphLaunch(exec, stream));
         CK(cudaStreamSynchronize(stream));
         P.out.download();
