@@ -427,29 +427,25 @@ class Dashboard:
                 return measured, anchor, self.missed(
                     "decode", key, f"{len(low)} of {len(v)} configurations; lowest: {lowest}")
 
+            def read_row(label, rs, target, key, copy_count):
+                """A decode target's row: judged against the streaming read where the run measured one, else only
+                against the copy figure (not judged; copy_count: say how many reach the target share of it)."""
+                judged = against_read(rs, target, key)
+                if judged:
+                    text, anchor, status = judged
+                else:
+                    v, text, anchor = against_copy(rs)
+                    status = no_read + (f"; {sum(x >= target for x in v)} of {len(v)} at >= {100 * target:.0f}% of "
+                                        "the copy figure" if copy_count else "")
+                return (f"| {label} ({len(rs)}) | {run.short} | {text} | {anchor} | >= {100 * target:.0f}% of a "
+                        f"streaming-read kernel | {status} | {run.cell()} |")
+
             big = [r for r in rows if r["kv_mb"] >= 64]
             if big:
-                judged = against_read(big, TARGET_DECODE_READ, "read")
-                if judged:
-                    text, anchor, status = judged
-                else:
-                    v, text, anchor = against_copy(big)
-                    n_ok = sum(x >= TARGET_DECODE_READ for x in v)
-                    status = no_read + f"; {n_ok} of {len(v)} at >= {100 * TARGET_DECODE_READ:.0f}% of the copy figure"
-                out.append(f"| K/V read >= 64 MB ({len(big)}) | {run.short} | {text} | {anchor} "
-                           f"| >= {100 * TARGET_DECODE_READ:.0f}% of a streaming-read kernel | {status} | "
-                           f"{run.cell()} |")
+                out.append(read_row("K/V read >= 64 MB", big, TARGET_DECODE_READ, "read", True))
             sl = [r for r in rows if r["layer"] == "sliding" and r["batch"] == 256]
             if sl:
-                judged = against_read(sl, TARGET_DECODE_SLIDING, "sliding")
-                if judged:
-                    text, anchor, status = judged
-                else:
-                    _, text, anchor = against_copy(sl)
-                    status = no_read
-                out.append(f"| sliding layer, batch 256 ({len(sl)}) | {run.short} | {text} | {anchor} "
-                           f"| >= {100 * TARGET_DECODE_SLIDING:.0f}% of a streaming-read kernel | "
-                           f"{status} | {run.cell()} |")
+                out.append(read_row("sliding layer, batch 256", sl, TARGET_DECODE_SLIDING, "sliding", False))
             small = [r for r in rows if r["kv_mb"] < 4]
             if small:
                 xs = sorted(r["us_graph"] / o["floor_graph_us"] for r in small)
