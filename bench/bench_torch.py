@@ -147,76 +147,41 @@ def main(argv=None):
         sets = random_sets((b, hq, s, d), (b, hkv, s, d), dev)  # BHSD, as SDPA and FlexAttention take them
         sink = torch.full((hq,), math.log(s), device=dev, dtype=torch.float32, requires_grad=sinks)
 
-        def report(method, f_fwd, f_fb, key, note=""):
-            tf = timed(f_fwd, sets)
-            tfb = timed(f_fb, sets)
-            tb = max(tfb - tf, 1e-6)
-            print(f"{name:16s} {method:22s} {tf:8.3f} {fwd_flop / tf * 1e-9:9.1f} {tfb:8.3f} "
-                  f"{2.5 * fwd_flop / tb * 1e-9:9.1f}", flush=True)
-            ROWS.append(dict(shape=name, method=key, fwd_ms=tf, fb_ms=tfb, bwd_ms=tfb - tf,
-                             fwd_tflops=fwd_flop / tf * 1e-9, bwd_tflops=2.5 * fwd_flop / tb * 1e-9, note=note))
-
         # torch SDPA without sinks (causal; the window cannot be expressed without a dense mask, so the sliding
-        # shape runs full causal here and is marked as such).
-        def sdpa_fwd(q, k, v, g):
-            with torch.no_grad():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != hq)
-
-        def sdpa_fb(q, k, v, g):
-            no_grads(q, k, v)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != hq)
-            o.backward(g)
-
+        # shape runs full causal here and is marked as such). No deterministic pass: SDPA has no such switch.
         if "sdpa" in methods:
-            try:
-                report("sdpa (no sink)" + (" causal!" if win >= 0 else ""), sdpa_fwd, sdpa_fb, "sdpa",
-                       "no sink" + (", full causal (no window)" if win >= 0 else ""))
-            except Exception as e:  # noqa: BLE001
-                print(f"{name:16s} sdpa failed: {e}")
-
-        def others():
-            if "sinkattn" in methods or "cabi" in methods:
-                try:
-                    sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop, api="sinkattn" in methods,
-                                  cabi="cabi" in methods)
-                except Exception as e:  # noqa: BLE001
-                    print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
-            if "fa4" in methods:
-                fa4_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
+            autograd_rows(name, "sdpa (no sink)" + (" causal!" if win >= 0 else ""), "sdpa",
+                          lambda q, k, v, det: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                              enable_gqa=hkv != hq),
+                          sets, fwd_flop, "no sink" + (", full causal (no window)" if win >= 0 else ""), det=False)
 
         if flex is None and "flex" in methods:
             print("flex_attention not available")
-        if flex is None or name not in FLEX_SHAPES:
-            others()
-            write_json()
-            continue
+        if flex is not None and name in FLEX_SHAPES:
+            def mask_mod(bb, hh, qi, kj):
+                m = qi >= kj
+                if win >= 0:
+                    m = m & (qi - kj <= win)
+                return m
 
-        def mask_mod(bb, hh, qi, kj):
-            m = qi >= kj
-            if win >= 0:
-                m = m & (qi - kj <= win)
-            return m
+            block_mask = create_block_mask(mask_mod, None, None, s, s, device=dev)
 
-        block_mask = create_block_mask(mask_mod, None, None, s, s, device=dev)
+            def flex_sink(q, k, v, det):
+                o, lse = flex(q, k, v, block_mask=block_mask, enable_gqa=hkv != hq, return_lse=True)
+                # softmax with a sink: out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)
+                return o * torch.sigmoid(lse - sink.view(1, hq, 1)).unsqueeze(-1).to(o.dtype)
 
-        def flex_sink(q, k, v):
-            o, lse = flex(q, k, v, block_mask=block_mask, enable_gqa=hkv != hq, return_lse=True)
-            # softmax with a sink: out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)
-            return o * torch.sigmoid(lse - sink.view(1, hq, 1)).unsqueeze(-1).to(o.dtype)
+            autograd_rows(name, "flex + sink via lse", "flex_sink", flex_sink, sets, fwd_flop,
+                          "sink through the LSE, torch.compile", det=False)
 
-        def flex_fwd(q, k, v, g):
-            with torch.no_grad():
-                return flex_sink(q, k, v)
-
-        def flex_fb(q, k, v, g):
-            no_grads(q, k, v)
-            flex_sink(q, k, v).backward(g)
-
-        try:
-            report("flex + sink via lse", flex_fwd, flex_fb, "flex_sink", "sink through the LSE, torch.compile")
-        except Exception as e:  # noqa: BLE001
-            print(f"{name:16s} flex failed: {type(e).__name__}: {e}")
-        others()
+        if "sinkattn" in methods or "cabi" in methods:
+            try:
+                sinkattn_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop, api="sinkattn" in methods,
+                              cabi="cabi" in methods)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:16s} sinkattn failed: {type(e).__name__}: {e}")
+        if "fa4" in methods:
+            fa4_rows(name, b, s, hq, hkv, d, win, sinks, fwd_flop)
         write_json()
     write_json()
     return 0
@@ -265,10 +230,10 @@ def why(e):
     return f"failed: {type(e).__name__}: {msg}"
 
 
-def autograd_rows(name, label, key, call, sets, fwd_flop, note):
+def autograd_rows(name, label, key, call, sets, fwd_flop, note, det=True):
     """One row of a method called through torch autograd: `call(q, k, v, deterministic)` -> out. Forward (no grad),
-    forward + backward and forward + deterministic backward, each timed by timed() on `sets`; backward = (forward +
-    backward) - forward. A pass that raises leaves its reason in the row (fwd_error, bwd_error, det_error: why()),
+    forward + backward and (det) forward + deterministic backward, each timed by timed() on `sets`; backward =
+    (forward + backward) - forward. A pass that raises leaves its reason in the row (fwd_error, bwd_error, det_error: why()),
     the passes after a failed forward are not run, and the row is kept."""
     row = dict(shape=name, method=key, note=note)
     ROWS.append(row)
@@ -293,7 +258,7 @@ def autograd_rows(name, label, key, call, sets, fwd_flop, note):
         return row
     row.update(fwd_ms=tf, fwd_tflops=fwd_flop / tf * 1e-9)
     det_label = f"  {label.split(' ')[0]} det bwd"
-    for what, fn, prefix in (("bwd", fb, ""), ("det", fb_det, "det_")):
+    for what, fn, prefix in (("bwd", fb, ""), ("det", fb_det, "det_"))[:2 if det else 1]:
         try:
             tfb = timed(fn, sets)
         except Exception as e:  # noqa: BLE001

@@ -143,3 +143,20 @@ def test_the_dashboard_reads_fa4_rows_and_their_refusals(bt, monkeypatch, tmp_pa
     assert "FA4 refused: deterministic backward not supported here" in rows["| GPT-OSS full | H200 | 2.600"]
     hd = rows["| head dim 256 | fwd | H200"]
     assert "against SDPA; FA4 refused: (head_dim, head_dim_v)=(256, 256) is not supported on SM90." in hd
+
+
+def test_rows_without_a_deterministic_pass_keep_the_fields_of_the_anchor_rows(bt):
+    """SDPA and FlexAttention have no deterministic switch: their rows (autograd_rows with det=False) time forward and
+    forward + backward only, and a call that raises leaves its reason in the row instead of dropping the row."""
+    sets = bt.random_sets((1, 2, 16, 8), (1, 2, 16, 8), "cpu")
+    sdpa = lambda q, k, v, det: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    row = bt.autograd_rows("gpt-oss-full", "sdpa (no sink)", "sdpa", sdpa, sets, 1e9, "no sink", det=False)
+    assert row == dict(shape="gpt-oss-full", method="sdpa", note="no sink", fwd_ms=1.0, fwd_tflops=1.0, fb_ms=3.0,
+                       bwd_ms=2.0, bwd_tflops=2.5 * 1e9 / 2.0 * 1e-9)
+    assert bt.ROWS == [row]
+
+    def broken(q, k, v, det):
+        raise ValueError("no kernel for this shape")
+
+    row = bt.autograd_rows("hd256", "flex + sink via lse", "flex_sink", broken, sets, 1e9, "sink", det=False)
+    assert row["fwd_error"] == "refused: no kernel for this shape" and "fb_ms" not in row
