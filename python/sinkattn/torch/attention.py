@@ -26,6 +26,14 @@ def _check(cond: bool, msg, exc=ValueError):
         raise exc(f"sinkattn: {msg() if callable(msg) else msg}")
 
 
+def _check_floats(**tensors):
+    """TypeError unless each named argument is a float32, float16 or bfloat16 tensor (what the library computes in)."""
+    for name, x in tensors.items():
+        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
+               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
+               f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
+
+
 def _int32(x: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
     if x is None:
         return None
@@ -145,10 +153,7 @@ def dot_product_attention(
       the library enforces (shapes, ``h_q % h_kv``, windows, ``p`` range, missing sinks, unsupported head dims,
       non-monotonic ``cu_seqlens``; under torch.compile at run time).
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
-               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
-               f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
+    _check_floats(q=q, k=k, v=v)
     softmax_type = _args.resolve_options(softmax_type, sinks, mask_alignment)
     window_left, window_right = _args.window_size_bounds(causal, window_size)
     q, k, v = _autocast(q, k, v)
@@ -428,10 +433,7 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
            "each sequence, its cached prefix and its new tokens)")
     _check(float(dropout_p) == 0.0, lambda: f"dropout_p must be 0 with {table_name}: paged KV is forward only "
            f"(SPEC.md section 1), got {dropout_p}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
-               lambda: f"{name} must be a float32, float16 or bfloat16 tensor, got "
-               f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}", TypeError)
+    _check_floats(q=q, k=k, v=v)
     _check(not (torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                                 for x in (q, k, v, sinks))),
            lambda: f"{table_name}: paged KV is forward only (SPEC.md section 1), and q, k, v or the sinks require a "
@@ -537,9 +539,7 @@ def _flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, 
     _check(cache_leftpad is None, "cache_leftpad is not supported (left-padded caches: use a page_table)")
     page_table = _page_table_argument(page_table, block_table)
     sinks = _sink_argument(learnable_sink, s_aux)
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check(isinstance(x, torch.Tensor) and x.dtype in _FLOATS,
-               lambda: f"{name} must be a float32, float16 or bfloat16 tensor", TypeError)
+    _check_floats(q=q, k_cache=k_cache, v_cache=v_cache)
     varlen = cu_seqlens_q is not None
     b = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     if isinstance(cache_seqlens, int):
