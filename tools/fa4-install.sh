@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (no network): FlashAttention-4 (flash-attn-4==4.0.0b40, `flash_attn.cute`) from the wheels of
-# tools/fa4-wheels.sh, which travel in two device calls to the same warm machine (a carried folder is replaced at
-# every call, /tmp stays while the machine is warm: 30 s after a call, so have the second call ready):
+# tools/fa4-wheels.sh. A GPU machine without network takes at most 64 MiB of files with each command it runs, and a
+# folder sent with one command replaces the one sent before, while /tmp stays as long as the machine is kept (30 s
+# after a command): so the wheels go in two halves, each staged into /tmp by the command that brings it:
 #
-#   tools/fa4-install.sh stage     copy the carried .whl/fa4-a and/or .whl/fa4-b into /tmp/fa4-stage (in each call),
+#   tools/fa4-install.sh stage     copy the carried .whl/fa4-a and/or .whl/fa4-b into /tmp/fa4-stage (with each half),
 #                                  checking each piece against fa4-SHA256SUMS as it arrives
 #   tools/fa4-install.sh install   join the two pieces of nvidia-cutlass-dsl-libs-cu13, check every wheel's sha256,
 #                                  `pip install --no-index --no-deps --target /tmp/fa4-site`, write
@@ -12,23 +13,24 @@
 #                                  folder) and try `import flash_attn.cute`
 #   tools/fa4-install.sh check     on the GPU: one small FA4 forward + backward with a learnable sink (after install)
 #
-# The device calls. Here first: tools/fa4-wheels.sh (writes .whl/fa4-a and .whl/fa4-b, git-ignored, and prints what
-# each call will carry) and the sinkattn wheel in dist/ (tools/build-wheel.sh, built on another machine; it travels
-# in the second call, where tools/gpu-wheel-check.sh installs it with
-# `pip install --no-deps --no-index --target /tmp/sinkattn-wheel-site`, as its other steps do). Then, timeout_s 600:
-#   call 1: carry [".whl/fa4-a"], command:
-#     tools/fa4-install.sh stage
-#   call 2, issued as soon as call 1 returns (the machine stays warm 30 s): carry [".whl/fa4-b", "dist"], command:
-#     tools/fa4-install.sh stage && tools/fa4-install.sh install && WHEEL_STEPS=fa4 tools/gpu-wheel-check.sh
+# The commands. On the build machine first: tools/fa4-wheels.sh (writes .whl/fa4-a and .whl/fa4-b, git-ignored, and
+# prints the size of each half with the tracked tree) and the sinkattn wheel in dist/ (tools/build-wheel.sh; it goes
+# with the second half, and tools/gpu-wheel-check.sh installs it with
+# `pip install --no-deps --no-index --target /tmp/sinkattn-wheel-site`, as its other steps do). Then on the GPU
+# machine, each command at most 600 s:
+#   1. with .whl/fa4-a:           tools/fa4-install.sh stage
+#   2. on the same machine within 30 s, with .whl/fa4-b and dist:
+#                                 tools/fa4-install.sh stage && tools/fa4-install.sh install && WHEEL_STEPS=fa4 \
+#                                   tools/gpu-wheel-check.sh
 # The second runs bench/bench_torch.py --methods sdpa,sinkattn,fa4 (every layer: forward, backward, deterministic
 # backward; at most 360 s) and examples/finetune_gpt_oss_hf.py --benchmark --impls sinkattn,eager,flash_attention_4
 # (at most 130 s); logs and JSON in $OUT: bench_torch_fa4.{log,json}, hf_bench_fa4.{log,json}, wheel_install.log,
 # summary.txt (tools/results_dashboard.py add takes the two JSON files with the sinkattn_gpu_bench JSON of the same
-# machine). Should the bench need more time, split it over further calls to the same warm machine, each carrying
-# ["dist"] (FA4 stays in /tmp/fa4-site while the machine is warm), e.g.
+# machine). Should the bench need more time, split it over further commands on the same machine, each with dist
+# (FA4 stays in /tmp/fa4-site while the machine is kept), e.g.
 #   command: FA4_PARTS=bench FA4_BENCH_ARGS="16k" WHEEL_STEPS=fa4 tools/gpu-wheel-check.sh     (the s 16384 layers)
 #   command: FA4_PARTS=hf WHEEL_STEPS=fa4 tools/gpu-wheel-check.sh                             (the HF benchmark)
-# Without /tmp/fa4-site (the calls did not meet on one warm machine: `install` then says a piece is missing; or the
+# Without /tmp/fa4-site (the two commands did not run on one machine: `install` then says a piece is missing; or the
 # install failed) the FA4 rows and the flash_attention_4 line say "not available" and the rest still runs.
 # Elsewhere: `. /tmp/fa4-site/env.sh` before Python starts (or bench_torch.py --fa4-site /tmp/fa4-site).
 # Environment: PYTHON (default python3), FA4_STAGE (default /tmp/fa4-stage), FA4_SITE (absolute; default /tmp/fa4-site),
@@ -51,7 +53,7 @@ stage() {
     n=$((n + 1))
     echo "fa4 stage: $(ls "$d" | wc -l) files of $d -> $STAGE"
   done
-  [ $n -gt 0 ] || { echo "fa4 stage: none of $CARRIED is here (name one in the call's carry)"; return 1; }
+  [ $n -gt 0 ] || { echo "fa4 stage: none of $CARRIED is here (send one with the command)"; return 1; }
   # the pieces that have arrived (so far) against the manifest
   (cd "$STAGE" && grep '\.part[0-9]*$' "$MANIFEST" | while read -r sum f; do
      [ -f "$f" ] || continue
@@ -69,7 +71,10 @@ install() {
   for whole in $(grep '\.part0$' "$MANIFEST" | awk '{ print $2 }' | sed 's/\.part0$//'); do
     parts=$(grep -F "  $whole.part" "$MANIFEST" | awk '{ print $2 }' | sort -V)
     for p in $parts; do
-      [ -f "$p" ] || { echo "fa4 install: no $STAGE/$p (both calls must reach one warm machine: run both again)"; missing=1; }
+      [ -f "$p" ] || {
+        echo "fa4 install: no $STAGE/$p (both halves must reach one machine: run both commands again)"
+        missing=1
+      }
     done
     [ $missing -eq 0 ] || return 1
     # shellcheck disable=SC2086

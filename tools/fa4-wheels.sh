@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # FlashAttention-4 (flash-attn-4==4.0.0b40, the CuTe DSL kernels, `flash_attn.cute`) and the wheels it needs, fetched
 # here (a machine with network) for a GPU machine without one (Linux x86_64, CPython 3.12, torch 2.11 + CUDA 13, which
-# already holds torch, einops, typing-extensions, cuda-bindings and protobuf), as two folders that can each travel in
-# one device call (64 MiB a call, the working tree included): the anchor of bench/bench_torch.py's "fa4" rows and of
-# examples/finetune_gpt_oss_hf.py --benchmark's attn_implementation="flash_attention_4".
+# already holds torch, einops, typing-extensions, cuda-bindings and protobuf), as two folders that can each go with
+# one command to it (it takes 64 MiB of files a command, the working tree included): the anchor of
+# bench/bench_torch.py's "fa4" rows and of examples/finetune_gpt_oss_hf.py --benchmark's
+# attn_implementation="flash_attention_4".
 #
 #   tools/fa4-wheels.sh        download into .whl/fa4 (git-ignored), then split into .whl/fa4-a and .whl/fa4-b
 #
@@ -13,11 +14,11 @@
 # the -cu13 one replaces it (the GPU machine's torch is cu130), so -cu12 is not fetched.
 # nvidia-cutlass-dsl-libs-cu13 alone is about 92 MB: it is cut into two byte pieces (.part0 in fa4-a, .part1 in
 # fa4-b), fa4-a holding every other wheel too and about FA4_A_MIB MiB in all (default 58), so that fa4-b leaves room
-# for dist/ (the sinkattn wheel, about 17 MB) in the second call. Both folders hold fa4-SHA256SUMS: the sha256 of
+# for dist/ (the sinkattn wheel, about 17 MB) with the second half. Both folders hold fa4-SHA256SUMS: the sha256 of
 # every whole wheel and of each piece, which tools/fa4-install.sh checks on the GPU machine.
 # Environment: PYTHON (default python3, with pip), FA4_PYVER (default 3.12: the GPU machine's Python; 3.11 etc. fetch
 # the wheels for another Python, e.g. to try the install here), FA4_WHL (default .whl), FA4_A_MIB (default 58).
-# The device calls that carry them: tools/fa4-install.sh.
+# The commands that take them to the GPU machine: tools/fa4-install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -110,7 +111,8 @@ done
 a_bytes=$(du -cb "$A"/* | tail -1 | cut -f1)
 b_bytes=$(du -cb "$B"/* | tail -1 | cut -f1)
 echo "$A: $(mib "$a_bytes"); $B: $(mib "$b_bytes"); the tracked tree: $(mib "$tree")"
-echo "device call 1 (carry $A): about $(mib $((a_bytes + tree))) of 64 MiB"
+echo "first half ($A, with the tracked tree): about $(mib $((a_bytes + tree))) of the 64 MiB a GPU command takes"
 dist_text="no dist/sinkattn-*.whl here yet"
 [ -n "$dist" ] && dist_text="dist: $(basename "$dist"), $(mib "$dist_bytes")"
-echo "device call 2 (carry $B dist): about $(mib $((b_bytes + tree + dist_bytes))) of 64 MiB ($dist_text)"
+echo "second half ($B and dist, with the tracked tree):" \
+  "about $(mib $((b_bytes + tree + dist_bytes))) of 64 MiB ($dist_text)"

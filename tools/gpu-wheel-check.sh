@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (no network): the wheel users install (dist/sinkattn-*.whl of tools/build-wheel.sh, carried from
 # the machine that built it), installed with `pip install --no-deps --target` next to the machine's own torch and
-# JAX (CUDA), and run from there, in three device calls of 10 minutes at most: "info suite", "jax", "hf torch" (on
+# JAX (CUDA), and run from there, in three commands of 10 minutes at most: "info suite", "jax", "hf torch" (on
 # 2026-12-06, H100: "info suite" 278 s; the JAX tests 273 s, the PyTorch tests 211 s; tools/gpu-python-check.sh on
 # a slower machine):
 #   WHEEL_STEPS="info"   the installed `sinkattn` console script: `info` and `check --preset gpt-oss-20b` on the GPU
@@ -17,11 +17,11 @@
 #                        on every layer (forward, backward, deterministic backward; a layer FA4 turns down keeps its
 #                        row with "refused: <its message>"), then examples/finetune_gpt_oss_hf.py --benchmark with
 #                        attn_implementation "sinkattn", "eager" and "flash_attention_4"; FA4 from /tmp/fa4-site
-#                        (FA4_SITE) of tools/fa4-install.sh, whose header gives the two device calls that bring it
+#                        (FA4_SITE) of tools/fa4-install.sh, whose header gives the two commands that bring it
 #                        (the second: tools/fa4-install.sh stage && tools/fa4-install.sh install &&
 #                        WHEEL_STEPS=fa4 tools/gpu-wheel-check.sh). Both parts write their JSON as they go;
-#                        FA4_PARTS (default "bench hf") runs one of them (e.g. the HF part in a third call to the
-#                        same warm machine), FA4_BENCH_ARGS adds bench_torch.py arguments (layer names: some
+#                        FA4_PARTS (default "bench hf") runs one of them (e.g. the HF part in a third command on the
+#                        same machine), FA4_BENCH_ARGS adds bench_torch.py arguments (layer names: some
 #                        layers), FA4_BENCH_TIMEOUT / FA4_HF_TIMEOUT (default 360 / 130 s) bound them
 # Logs go to $OUT (default ./gpu-check-out): wheel_install.log wheel_info.log pytest.log wheel_hf.log
 # torch_pytest.log bench_torch_fa4.{log,json} hf_bench_fa4.{log,json}, and lines in summary.txt.
