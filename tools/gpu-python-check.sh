@@ -3,9 +3,9 @@
 # Python test suite on JAX's GPU backend, then the example's GPU check and its tokens/s benchmark.
 # Environment: SITE_DIR (prebuilt install, see below), PY_STEPS (default "pytest example bench"), PYTEST_TIMEOUT
 # (default 540 s: what a GPU command of at most 10 minutes leaves after the install), PYTEST_ARGS, PYTEST_FILES (an
-# extended regular expression the test files' names must match; default all). On 2026-12-06 the JAX tests took 273 s on one
-# H100; another stopped them at 300 s halfway (at test_jax_op.py) and ran the other half in 269 s: on such a machine,
-# run them in two calls, PYTEST_FILES='test_(args|conformance_jax|decode|example|ffi_abi)' and
+# extended regular expression the test files' names must match; default all). On 2026-12-06 the JAX tests took 273 s on
+# one H100; another stopped them at 300 s halfway (at test_jax_op.py) and ran the other half in 269 s: on such a
+# machine, run them in two commands, PYTEST_FILES='test_(args|conformance_jax|decode|example|ffi_abi)' and
 # PYTEST_FILES='test_(jax_op|memory_bound|readme|results_dashboard|ring|sharding|ulysses|user_errors)'.
 # Logs go to $OUT (default ./gpu-check-out): py_install.log pytest.log example.log example_bench.log.
 set -u
