@@ -156,9 +156,11 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
 // (cudaStreamNonBlocking) is not ordered after, and from pageable memory it returns once the data is staged, before
 // the DMA has landed (CUDA Runtime API, "API synchronization behavior"): a kernel launched on `st` right after it
 // could read the buffer's previous contents. For a page table those are whatever the allocator's reused memory
-// held (the fp32 partials of a freed split workspace read as pages: +-1e9), hence faults far outside the cache
-// (cudaErrorIllegalAddress, cudaErrorInvalidAddressSpace) that depend on timing and on the allocation history, and
-// that compute-sanitizer, which serialises the copies and the kernels, does not see.
+// held (after a split sweep, possibly the fp32 partials of a freed workspace, read as pages far outside the cache).
+// The full sweep faulted (cudaErrorIllegalAddress, cudaErrorInvalidAddressSpace) after the page-16 rows of batch 256
+// with cudaMemcpy and not with this upload (H100, 2026-12-06, 2 runs each); memcheck, which serialises copies and
+// kernels, saw nothing, and a table poisoned before a cudaMemcpy upload did not fault: this race is the likeliest
+// cause, not a proven one.
 void upload(void* dst, const void* src, size_t bytes, cudaStream_t st) {
   CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
   CK(cudaStreamSynchronize(st));
