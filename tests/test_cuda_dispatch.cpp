@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/dispatch.hpp"
 #include "cuda/tiles.hpp"
@@ -291,13 +293,57 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   Call f32 = c;
   f32.dtype = SINKATTN_F32;
   EXPECT_TRUE(choose_kernels(f32, kH200, Switches{}).fp32);
-  // A paged prefill chunk: the sm_80 forward through the page table, with the reason.
+  // A paged prefill chunk on Hopper: the warp-specialised forward through the page table, TMA boxes of
+  // gcd(page_size, 128 keys per step) rows.
   Call paged = make_call(SINKATTN_F16, 128, 512, 8, 8, -1, 0);
   paged.paged.on = true;
+  paged.paged.num_pages = 300;
+  for (const auto& [ps, rows] : std::vector<std::pair<int64_t, int>>{{8, 8}, {16, 16}, {48, 16}, {128, 128},
+                                                                       {256, 128}, {1024, 128}, {24, 8}}) {
+    paged.paged.page_size = ps;
+    k = choose_kernels(paged, kH200, Switches{});
+    EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws) << ps;
+    EXPECT_TRUE(k.fwd_paged && k.fwd_tma) << ps;
+    EXPECT_EQ(k.fwd_page_rows, rows) << ps;
+    EXPECT_EQ(k.fwd_kv_pages, 300) << ps;
+    EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV by TMA, boxes of " + std::to_string(rows) + " rows")) << ps;
+    EXPECT_TRUE(k.fwd_why.empty()) << k.fwd_why;
+  }
+  // Head dim 256: 64 keys per step, boxes of up to 64 rows.
+  Call paged256 = paged;
+  paged256.d = paged256.d_v = 256;
+  paged256.paged.page_size = 256;
+  k = choose_kernels(paged256, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_page_rows, 64);
+  // No TMA (switch): the same kernel, a page lookup per row by cp.async.
+  Switches no_tma;
+  no_tma.no_tma = true;
   paged.paged.page_size = 16;
+  k = choose_kernels(paged, kH200, no_tma);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_FALSE(k.fwd_tma);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV by cp.async"));
+  // The sm_80 forward through the page table, with the reason: a page size that is not a multiple of 8, a GPU
+  // without the Hopper kernels, a short sliding window, head-dim tile 96.
+  paged.paged.page_size = 12;
   k = choose_kernels(paged, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm80Paged);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV"));
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "not a multiple of 8")) << k.summary(Pass::kForward);
+  paged.paged.page_size = 16;
+  k = choose_kernels(paged, kA100, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Paged);
+  EXPECT_FALSE(k.fwd_paged);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "paged KV")) << k.summary(Pass::kForward);
+  Call sliding = paged;
+  sliding.window_left = 8;
+  sliding.window_right = 0;
+  k = choose_kernels(sliding, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80Paged);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "window spans")) << k.summary(Pass::kForward);
+  Call d96 = paged;
+  d96.d = d96.d_v = 96;
+  EXPECT_EQ(choose_kernels(d96, kH200, Switches{}).fwd, FwdKernel::kSm80Paged);
 }
 
 TEST(CudaDispatch, BiasAndDropoutVariants) {

@@ -21,7 +21,9 @@
 # cases; "decode_bench" runs sinkattn_gpu_bench_decode (GPT-OSS-120B decode speed against the copy bandwidth and a
 # streaming-read kernel over each configuration's bytes, for bench/RESULTS.md; DECODE_ITERS replays, default 50;
 # DECODE_ARGS more arguments, word-split: a filter such as "sliding,b256", "--sweep-splits" to time every
-# configuration with forced split counts 1-128 too).
+# configuration with forced split counts 1-128 too); "paged_bench" runs sinkattn_gpu_bench_paged_prefill (a prefill
+# chunk's forward through a page table against the same call on a contiguous cache; PAGED_ITERS calls, default 20,
+# PAGED_ARGS a layer filter).
 # STEPS "concurrency" (in the default steps) runs sinkattn_gpu_concurrency: 8 host threads, one stream each, forward +
 # backward on different and shared inputs, bitwise equal to single-threaded runs, sinkattn_last_error per thread.
 # Logs go to $OUT (default ./gpu-check-out): build.log suite.log sanitizer.log bench.log bench_torch.log; the
@@ -29,7 +31,7 @@
 # takes into bench/RESULTS.md
 # (concurrency: concurrency.log; python: py_install.log pytest.log example.log example_bench.log; decode: decode.log
 # decode_sanitizer.log;
-# decode_bench: decode_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
+# decode_bench: decode_bench.log; paged_bench: paged_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
@@ -60,6 +62,7 @@ SUITE=$BUILD_DIR/tests/gpu/sinkattn_gpu_suite
 BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
 DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
 DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
+PAGED_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_paged_prefill
 DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
 PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
 CONCURRENCY=$BUILD_DIR/tests/gpu/sinkattn_gpu_concurrency
@@ -72,6 +75,7 @@ else
   BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench
   DECODE=$BUILD_DIR/tests/gpu/sinkattn_gpu_decode
   DECODE_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_decode
+  PAGED_BENCH=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_paged_prefill
   DETERMINISM=$BUILD_DIR/tests/gpu/sinkattn_gpu_determinism
   PHILOX=$BUILD_DIR/tests/gpu/sinkattn_gpu_bench_philox
   CONCURRENCY=$BUILD_DIR/tests/gpu/sinkattn_gpu_concurrency
@@ -80,7 +84,7 @@ else
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
       -DSINKATTN_BUILD_TESTS=ON -DSINKATTN_BUILD_CLI=${BUILD_CLI:-ON} &&
       ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn_gpu_suite sinkattn_gpu_bench sinkattn_gpu_decode sinkattn_gpu_bench_decode \
-        sinkattn_gpu_determinism sinkattn_gpu_bench_philox sinkattn_gpu_concurrency &&
+        sinkattn_gpu_bench_paged_prefill sinkattn_gpu_determinism sinkattn_gpu_bench_philox sinkattn_gpu_concurrency &&
       { [ "${BUILD_CLI:-ON}" = OFF ] || ninja -C "$BUILD_DIR" -j"$JOBS" sinkattn || true; }
   } >"$OUT/build.log" 2>&1
   rc=$?
@@ -187,6 +191,16 @@ if [[ " $STEPS " == *" decode_bench "* ]]; then
   [ $rc -eq 0 ] || status=1
   note "decode bench: rc=$rc in $(($(date +%s) - t0)) s (decode_bench.log)"
   tee -a "$SUMMARY" <"$OUT/decode_bench.log"
+fi
+
+if [[ " $STEPS " == *" paged_bench "* ]]; then
+  t0=$(date +%s)
+  timeout "${PAGED_BENCH_TIMEOUT:-300}" "$PAGED_BENCH" "${PAGED_ITERS:-20}" ${PAGED_ARGS:-} \
+    --json "$OUT/gpu_bench_paged_prefill.json" >"$OUT/paged_bench.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "paged prefill bench: rc=$rc in $(($(date +%s) - t0)) s (paged_bench.log)"
+  tee -a "$SUMMARY" <"$OUT/paged_bench.log"
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then

@@ -8,6 +8,7 @@
 #   WHEEL_STEPS="suite"  the C++ GPU programs of the same CMake build (build/tests/gpu, carried with dist: they link
 #                        the wheel's libsinkattn.so) through tools/gpu-check.sh, its steps in SUITE_STEPS (default
 #                        "suite concurrency decode sanitizer determinism"; "decode_bench" times the decode bench,
+#                        "paged_bench" paged prefill against the contiguous cache (PAGED_ITERS, PAGED_ARGS),
 #                        with DECODE_ITERS and DECODE_ARGS as tools/gpu-check.sh takes them), logs in $OUT/cpp
 #   WHEEL_STEPS="jax"    the JAX tests on JAX's GPU backend (tools/gpu-python-check.sh)
 #   WHEEL_STEPS="hf"     the HF GPT-OSS training example (examples/finetune_gpt_oss_hf.py, bf16 on the GPU: its first

@@ -3,7 +3,8 @@
 
 A run file is one sitting on one machine: its date, device, the commit of the library, the bench/log file that says
 what it changed and what it means, and "outputs": the JSON the benchmark programs write (sinkattn_gpu_bench --json,
-bench/bench_torch.py --json, sinkattn_gpu_bench_decode --json, examples/finetune_gpt_oss_hf.py --benchmark --json,
+bench/bench_torch.py --json, sinkattn_gpu_bench_decode --json, sinkattn_gpu_bench_paged_prefill --json,
+examples/finetune_gpt_oss_hf.py --benchmark --json,
 examples/train_sink_lm.py --benchmark --json), or the same fields transcribed from a run that predates --json.
 
     tools/results_dashboard.py            write bench/RESULTS.md
@@ -53,6 +54,7 @@ TARGET_X_PLAIN = 0.75  # bias and dropout: the plain layer's time / the time wit
 TARGET_DECODE_READ = 0.90  # K/V of 64 MB or more: share of a streaming-read kernel's bandwidth
 TARGET_DECODE_SLIDING = 0.80  # the sliding layer at batch 256: the same share
 TARGET_DECODE_FLOOR_X = 2.0  # K/V under 4 MB: time per call over the launch floor, in a CUDA graph
+TARGET_PAGED_X = 0.9  # paged prefill: the contiguous call's time / the paged call's, same keys, same run
 
 # Why a target is missed, in one sentence, and the log that measured it. Shown only where the status is "missed".
 REASONS = {
@@ -455,6 +457,33 @@ class Dashboard:
                            f"{TARGET_DECODE_FLOOR_X:.0f}x the floor | {status} | {run.cell()} |")
         return out
 
+    def paged_section(self):
+        head = ["layer", "GPU", "paged ms (pages of 16 / 64 / 256)", "contiguous cache, same run", "x contiguous",
+                "target", "status", "run"]
+        out = ["## Paged prefill", "",
+               "A prefill chunk's forward reading K / V through a page table (pages randomly permuted in the pool, "
+               "seqused_kv = s_kv), against the same call on a contiguous cache "
+               "(sinkattn_gpu_bench_paged_prefill); \"x\" is the contiguous time over the paged one, the lowest "
+               "over the page sizes.", "",
+               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for run, o in self.latest(lambda r: r.tool("sinkattn_gpu_bench_paged_prefill")):
+            layers = []
+            for r in o["rows"]:
+                if r["layer"] not in layers:
+                    layers.append(r["layer"])
+            for layer in layers:
+                rs = sorted((r for r in o["rows"] if r["layer"] == layer), key=lambda r: r["page_size"])
+                lo = min(r["x_dense"] for r in rs)
+                first = rs[0]
+                shape = (f"{LAYERS.get(layer, layer)} (b {first['b']}, s_q {first['s_q']}, s_kv {first['s_kv']}, "
+                         f"h {first['h_q']}/{first['h_kv']}, d {first['d']})")
+                paged = " / ".join(fmt_ms(r["paged_ms"]) for r in rs)
+                dense = " / ".join(sorted({fmt_ms(r["dense_ms"]) for r in rs}, key=float))
+                status = "met" if lo >= TARGET_PAGED_X else self.missed("paged", layer)
+                out.append(f"| {shape} | {run.short} | {paged} | {dense} | {lo:.2f}x | >= {TARGET_PAGED_X:.1f}x | "
+                           f"{status} | {run.cell()} |")
+        return out
+
     def training_section(self):
         out = ["## Training steps", "",
                "| model | GPU | sinkattn | anchors (same run) | x anchors | target | status | run |",
@@ -525,6 +554,7 @@ class Dashboard:
                  self.extra_section("Bias (`[1, 1, s, s]` bf16 with d_bias)", "+bias", "bias"),
                  self.extra_section("Dropout (p 0.1)", "+dropout", "dropout"),
                  self.decode_section(),
+                 self.paged_section(),
                  self.training_section(),
                  self.cpu_section(),
                  self.runs_section()]

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <numeric>
 #include <vector>
 
 #include "cuda/decode/decode_rules.hpp"
@@ -168,14 +169,23 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   // ---- forward ----
   // Decode kernels (decode/decode_rules.hpp): short query chunks, contiguous or paged KV.
   const std::string no_decode = sw.no_decode ? "SINKATTN_CUDA_NO_DECODE is set" : decode_unsupported(c);
-  if (no_decode.empty()) {
-    k.fwd = FwdKernel::kDecode;
-  } else if (c.paged.on) {  // longer paged chunks: the sm_80 forward through the page table (validation refused
-                            // bias / dropout); the Hopper forwards' TMA maps describe contiguous rows, not pages
+  // Longer paged chunks (prefill with a page table; validation refused bias / dropout): the Hopper forward's kPaged
+  // variant, whose TMA boxes are chunks of gcd(page_size, block_n) rows of one page (hopper/paged_kv_sm90.cuh), where
+  // the page size is a multiple of 8 (a box's 128-byte swizzle starts on a whole 8-row atom); else the sm_80
+  // forward through the page table.
+  const auto sm80_paged = [&](const std::string& why) {
     k.fwd = FwdKernel::kSm80Paged;
     k.fwd_block_m = tiles::fwd_block_m(k.tile);
     k.fwd_block_n = tiles::fwd_block_n(k.tile);
-    k.fwd_why = "paged KV: " + no_decode + "; the Hopper forwards read contiguous rows by TMA";
+    k.fwd_why = "paged KV: " + no_decode + "; " + why;
+  };
+  if (no_decode.empty()) {
+    k.fwd = FwdKernel::kDecode;
+  } else if (c.paged.on && !no90_fwd.empty()) {
+    sm80_paged(no90_fwd);
+  } else if (c.paged.on && c.paged.page_size % 8 != 0) {
+    sm80_paged("page_size " + std::to_string(c.paged.page_size) +
+               " is not a multiple of 8 (the Hopper forward's paged TMA boxes are whole 8-row swizzle atoms)");
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
@@ -195,9 +205,18 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
     k.fwd_sms = dev.sms;
     k.fwd_section = fwd_section_pairs(c, (c.s_q + k.fwd_block_m - 1) / k.fwd_block_m, dev, sw);
-    // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map).
-    k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m && rows_kv >= k.fwd_block_n;
+    // TMA boxes are 64 columns x one block of rows: both must fit the tensor (launch.cuh, make_rows_map); paged KV:
+    // K / V boxes of one page chunk, which fit every page.
+    k.fwd_paged = c.paged.on;
+    if (k.fwd_paged) {
+      k.fwd_page_rows = static_cast<int>(std::gcd<int64_t>(c.paged.page_size, k.fwd_block_n));
+      k.fwd_kv_pages = c.paged.num_pages;
+    }
+    k.fwd_tma = !sw.no_tma && c.d >= 64 && c.d_v >= 64 && rows_q >= k.fwd_block_m &&
+                (k.fwd_paged || rows_kv >= k.fwd_block_n);
     k.fwd_bias_tma = k.bias && bias_tma_ok(k.fwd_block_m);
+  } else if (c.paged.on) {
+    sm80_paged(k.fwd_why.empty() ? no90_fwd : k.fwd_why);
   } else {
     if (k.fwd_why.empty()) k.fwd_why = no90_fwd;
     k.fwd = extra ? FwdKernel::kSm80Extra : FwdKernel::kSm80;
@@ -257,7 +276,11 @@ std::string KernelChoice::summary(Pass pass) const {
                "plan or num_splits)";
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
-    if (fwd == FwdKernel::kSm90Ws) s += fwd_tma ? ", TMA" : ", cp.async";
+    if (fwd == FwdKernel::kSm90Ws && fwd_paged)
+      s += ", paged KV " + (fwd_tma ? "by TMA, boxes of " + std::to_string(fwd_page_rows) + " rows of a page"
+                                    : std::string("by cp.async, a page lookup per row"));
+    else if (fwd == FwdKernel::kSm90Ws)
+      s += fwd_tma ? ", TMA" : ", cp.async";
     if (fwd_section > 0) s += ", L2 sections of " + std::to_string(fwd_section) + " heads";
     if (!fwd_why.empty()) s += ": " + fwd_why;
     return s;
@@ -332,7 +355,8 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
            " query rows",
        "The warp-specialised forward on warpgroup MMA (wgmma): a producer warp loads Q and K / V into a two-stage "
        "ring (by TMA where a block lies in the sequence, by cp.async past its end, where a tensor map does not fit "
-       "the call and with SINKATTN_CUDA_NO_TMA=1), consumer warpgroups of 64 query "
+       "the call and with SINKATTN_CUDA_NO_TMA=1; paged KV: TMA boxes of gcd(page_size, keys per step) rows of one "
+       "page, a page lookup per chunk), consumer warpgroups of 64 query "
        "rows (3 at tile 64, 2 otherwise) take turns at the tensor cores; 128 keys per step up to tile 128, 64 at "
        "tiles 192 and 256. Persistent blocks (one per SM) walk the tiles longest first, in L2 sections of the "
        "(head, sequence) pairs whose K / V fit 5/8 of the L2 (SINKATTN_CUDA_FWD_SECTION=N: N pairs). Bias "
@@ -340,12 +364,12 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
        "loaded per thread. Dropout variant (tiles 64 and 128, 2 consumers): the keep bits drawn by the consumers "
        "and the producer warpgroup. Needs the library's sm_90a code (SINKATTN_CUDA_NO_SM90=1 turns every Hopper "
        "kernel off); not with both bias and dropout, not for "
-       "paged KV beyond decode, not for a window bounded on both sides (a sliding window) that spans fewer than " +
+       "paged KV with a page size that is not a multiple of 8, not for a window bounded on both sides (a sliding window) that spans fewer than " +
            to_string(tiles::kSm90FwdMinWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
            " query rows: the sm_80 forward is faster there."},
       {"sm80 fwd", "src/cuda/fwd_kernel.cuh",
        "every other fp16 / bf16 forward: other GPUs, tiles 32 and 96, bias with dropout, short sliding windows, "
-       "paged KV beyond decode",
+       "paged KV, pages not a multiple of 8",
        "FlashAttention-2-style forward on mma.sync m16n8k16 with cp.async tile loads, 4 warps, 128 query rows "
        "per block (64 at tiles 192 and 256). Variants: lean (no bias, no dropout; 64 keys per step at tile 128), "
        "bias / dropout, and paged KV (K / V rows read through the page table)."},

@@ -70,6 +70,11 @@ struct KernelChoice {
   FwdKernel fwd = FwdKernel::kSm80;
   int fwd_block_m = 0, fwd_block_n = 0;
   bool fwd_tma = false;  // the Hopper forward tries TMA (the launcher falls back to cp.async if the driver refuses)
+  // kSm90Ws with paged KV (its kPaged variant, K / V through the page table): TMA boxes of fwd_page_rows rows (one
+  // chunk of a page, gcd(page_size, fwd_block_n)) from tensor maps of pools of fwd_kv_pages pages.
+  bool fwd_paged = false;
+  int fwd_page_rows = 0;
+  int64_t fwd_kv_pages = 0;
   bool dropout = false;          // DkvKernel::kSm90: its dropout variant (kDropout)
   bool bias = false;             // kSm90Ws / DkvKernel::kSm90: their bias variants (kBias)
   // DkvKernel::kSm90 with a bias broadcast over the heads, tile 64, a KV group of several query heads: the kernel sums

@@ -117,18 +117,26 @@ sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block
   sm90::Sm90FwdTma tma{};
   const int64_t rq = p.varlen ? p.rows_total_q : p.s_q, rk = p.varlen ? p.rows_total_kv : p.s_kv;
   const int64_t nb = p.varlen ? 1 : p.b;
-  tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, block_m) &&
-           make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, block_n) &&
-           make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, block_n);
+  tma.ok = kc.fwd_tma && make_rows_map<T>(tma.q, p.q, p.d, rq, p.h_q, nb, p.q_st, block_m);
+  if (kc.fwd_paged) {  // the pools: (d, rows in a page, h_kv, pages), boxes of one page chunk (paged_kv_sm90.cuh)
+    tma.page_rows = kc.fwd_page_rows;
+    tma.ok = tma.ok && tma.page_rows >= 8 && block_n % tma.page_rows == 0 && p.page_size % tma.page_rows == 0 &&
+             make_rows_map<T>(tma.k, p.k, p.d, p.page_size, p.h_kv, kc.fwd_kv_pages, p.k_st, tma.page_rows) &&
+             make_rows_map<T>(tma.v, p.v, p.d_v, p.page_size, p.h_kv, kc.fwd_kv_pages, p.v_st, tma.page_rows);
+  } else {
+    tma.ok = tma.ok && make_rows_map<T>(tma.k, p.k, p.d, rk, p.h_kv, nb, p.k_st, block_n) &&
+             make_rows_map<T>(tma.v, p.v, p.d_v, rk, p.h_kv, nb, p.v_st, block_n);
+  }
   tma.bias_ok = kc.fwd_bias_tma && make_bias_map<T>(tma.bias, p, block_m);
   return tma;
 }
 
-// The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh).
-template <typename T, int HD, int NC, bool kBias = false, bool kDropout = false>
+// The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh); kPaged: K / V through
+// the page table.
+template <typename T, int HD, int NC, bool kBias = false, bool kDropout = false, bool kPaged = false>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
   using TrW = sm90::FwdWsTraits<HD, NC, kBias, kDropout>;
-  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias, kDropout>;
+  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias, kDropout, kPaged>;
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
   const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
@@ -159,6 +167,11 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
       // One consumer count per variant (tiles::sm90_ws_*_consumers; dispatch.cpp, ws_consumers): the plain variant
       // at every tile of tiles::has_sm90_fwd_ws, the dropout and bias variants (not both) at tiles 64 and 128.
       if constexpr (tiles::has_sm90_fwd_ws(HD)) {
+        if (kc.fwd_paged) {  // paged KV: the plain variant (validation refuses bias / dropout with a page table)
+          constexpr int kNC = tiles::sm90_ws_default_consumers(HD);
+          if (kc.bias || kc.dropout || kc.fwd_consumers != kNC) return cudaErrorInvalidValue;
+          return launch_fwd_ws<T, HD, kNC, false, false, true>(p, kc, stream);
+        }
         if (kc.dropout) {
           if constexpr (tiles::has_sm90(HD)) {
             constexpr int kNC = tiles::sm90_ws_dropout_consumers(HD);

@@ -3,9 +3,10 @@
 //   - decode kernels (s_q 1 .. 16, GQA packed, dense and varlen queries, contiguous and paged KV, page sizes 8 .. 256,
 //     head dims 32 .. 128, fp16 / bf16, windows at page edges, empty sequences, lengths ending mid-page) and the
 //     paged prefill path (s_q > 16, head dim 256), for every split count given (1, the heuristic, several, more
-//     splits than key tiles: the sink-carrying split empty, 128);
+//     splits than key tiles: the sink-carrying split empty, 128), and paged prefill on the Hopper forward (page sizes
+//     8 .. 256, TMA boxes of page chunks, cp.async past a sequence's end, every head-dim tile 64 .. 256);
 //   - every unread pool slot is NaN and every page-table entry past a sequence's pages is garbage;
-//   - paged == contiguous on the same keys, bit for bit, where both run the decode kernel;
+//   - paged == contiguous on the same keys, bit for bit, where both run the decode kernels or the Hopper forward;
 //   - outputs and workspace NaN-poisoned before every call; every output element written, no NaN;
 //   - a CUDA-graph capture (global mode: no synchronisation or allocation allowed) of decode calls with splits,
 //     replayed: bit-identical to the direct call;
@@ -39,6 +40,7 @@ using sinkattn::test::PageLayout;
 int g_failures = 0, g_checks = 0;
 bool g_verbose = false;
 bool g_cpu_only = false;  // no CUDA call at all: "device" buffers are the host ones, the backend is the CPU
+bool g_hopper = false;    // device 0 has compute capability 9.0 (the cases' expect_family applies)
 
 
 void check(bool ok, const std::string& what) {
@@ -108,6 +110,7 @@ struct Case {
   bool twin = true;              // also run the contiguous twin (paged cases) and compare bit for bit
   bool small = true;             // part of --small (compute-sanitizer)
   int64_t table_pages = 0;       // > 0: the page table has this many columns (garbage past the pages used)
+  const char* expect_family = "";  // on a Hopper GPU (and a library with its kernels): the forward's kernel family
 };
 
 // The workspace bound stated for a paged call (header comment), in bytes.
@@ -295,6 +298,21 @@ Result run(Problem& P, sinkattn_params_t p, int32_t splits, cudaStream_t stream 
 
 std::string split_name(int32_t s) { return s == 0 ? "heuristic" : std::to_string(s); }
 
+// The forward's kernel family as sinkattn_query_backend reports it ("decode", "hopper fwd", "sm80 fwd"; "cpu" on the
+// CPU backend).
+std::string kernel_family(const sinkattn_params_t& p) {
+  char buf[4096] = {0};
+  sinkattn_backend_t chosen;
+  if (sinkattn_query_backend(&p, 0, &chosen, buf, sizeof buf) != SINKATTN_OK) return "none";
+  const std::string s(buf);
+  const size_t a = s.find("kernels: ");
+  if (chosen != SINKATTN_BACKEND_CUDA || a == std::string::npos) return "cpu";
+  const size_t e = s.find_first_of("(\n,", a + 9);
+  std::string f = s.substr(a + 9, e == std::string::npos ? std::string::npos : e - a - 9);
+  while (!f.empty() && f.back() == ' ') f.pop_back();
+  return f;
+}
+
 void run_case(const Case& c) {
   Problem P(c);
   const ref::Result r64 = ref::evaluate(P.host_p, false);
@@ -325,9 +343,15 @@ void run_case(const Case& c) {
   if (c.twin && c.page_size > 0 && !c.splits.empty()) {
     Result t = run(P, P.device(P.twin_p), c.splits[0]);
     check(t.st == SINKATTN_OK, c.name + " contiguous twin: " + t.msg);
-    // Bit for bit where both run the decode kernel (s_q <= 16, head dims <= 128).
-    const bool decode = P.s_q <= 16 && std::max(c.d, c.d_v) <= 128;
-    if (t.st == SINKATTN_OK && decode)
+    // Bit for bit where both run the same kernel family: the decode kernels (s_q <= 16, head dims <= 128) or the
+    // Hopper forward (its paged variant differs from the contiguous one in the loading warp only).
+    const std::string kp = kernel_family(P.device(P.host_p)), kt = kernel_family(P.device(P.twin_p));
+    if (g_verbose) std::printf("  %s: paged %s, contiguous twin %s\n", c.name.c_str(), kp.c_str(), kt.c_str());
+    if (c.expect_family[0] != '\0')
+      check(!g_hopper || kp.rfind(c.expect_family, 0) == 0,
+            c.name + ": runs " + kp + ", expected " + c.expect_family);
+    const bool same = kp == kt && (kp.rfind("decode", 0) == 0 || kp.rfind("hopper fwd", 0) == 0);
+    if (t.st == SINKATTN_OK && same)
       check(t.out == first.out && t.lse == first.lse, c.name + ": paged != contiguous on the same keys (bitwise)");
   }
 }
@@ -398,7 +422,7 @@ std::vector<Case> cases(bool small) {
     c.small = false;
     add(c);
   }
-  {  // paged prefill path: 40 queries (s_q > 16) and head dim 256 on the sm_80 kernel through the page table
+  {  // the prefill forward through the page table: 40 queries (s_q > 16), and head dim 256 (no decode kernel)
     Case c;
     c.name = "bf16-paged-prefill-sq40";
     c.s_q = 40;
@@ -412,6 +436,79 @@ std::vector<Case> cases(bool small) {
     c.s_q = 3;
     c.d = c.d_v = 256;
     c.seqused = {200, 3};
+    add(c);
+  }
+  // Paged prefill on the Hopper forward (kPaged): TMA boxes of gcd(page_size, keys per step) rows of one page (8, 16,
+  // 64, 128), cp.async with a page lookup per row for the blocks reaching past a sequence's end and where no tensor
+  // map fits (head dim 48); every tile 64 .. 256; lengths ending mid-page and mid-block, empty sequences, varlen
+  // queries, a sliding window, shared prefix pages; the contiguous twin bit for bit (same consumers).
+  {
+    Case c;
+    c.name = "gptoss-paged-prefill-ps16";
+    c.s_q = 200;
+    c.h_q = 16, c.h_kv = 2;
+    c.seqused = {1000, 200, 333, 257};
+    c.wr = 0;
+    c.splits = {0};
+    c.expect_family = "hopper fwd";
+    add(c);
+    c.name = "bf16-paged-prefill-ps48-d128-full";
+    c.d = c.d_v = 128;
+    c.h_q = 4, c.h_kv = 4;
+    c.s_q = 130;
+    c.page_size = 48;
+    c.seqused = {700, 130, 385};
+    c.wr = -1;
+    c.st = SINKATTN_SOFTMAX_OFF_BY_ONE;
+    add(c);
+    c.name = "fp16-paged-prefill-ps8-varlen";
+    c.dtype = SINKATTN_F16;
+    c.d = c.d_v = 64;
+    c.h_q = 8, c.h_kv = 1;
+    c.page_size = 8;
+    c.len_q = {64, 17, 0, 100};
+    c.seqused = {64, 500, 0, 1000};
+    c.wr = 0;
+    c.st = SINKATTN_SOFTMAX_LEARNABLE;
+    add(c);
+    c.name = "bf16-paged-prefill-ps256-d256";
+    c.dtype = SINKATTN_BF16;
+    c.len_q.clear();
+    c.d = c.d_v = 256;
+    c.h_q = 4, c.h_kv = 2;
+    c.s_q = 80;
+    c.page_size = 256;
+    c.seqused = {300, 80, 600};
+    add(c);
+    c.name = "fp16-paged-prefill-ps128-d192-vanilla";
+    c.dtype = SINKATTN_F16;
+    c.d = c.d_v = 192;
+    c.page_size = 128;
+    c.st = SINKATTN_SOFTMAX_VANILLA;
+    c.seqused = {500, 80, 129};
+    add(c);
+    c.name = "bf16-paged-prefill-ps24-sliding600";
+    c.dtype = SINKATTN_BF16;
+    c.d = c.d_v = 64;
+    c.h_q = 8, c.h_kv = 2;
+    c.s_q = 300;
+    c.page_size = 24;
+    c.wl = 600, c.wr = 0;
+    c.st = SINKATTN_SOFTMAX_LEARNABLE;
+    c.seqused = {2000, 300, 901};
+    add(c);
+    c.name = "bf16-paged-prefill-ps16-d48-cpasync";
+    c.wl = -1;
+    c.d = c.d_v = 48;
+    c.page_size = 16;
+    c.seqused = {700, 300, 517};
+    add(c);
+    // A page size that is not a multiple of 8: the sm_80 forward through the page table.
+    c.name = "bf16-paged-prefill-ps12-sm80";
+    c.d = c.d_v = 64;
+    c.page_size = 12;
+    c.seqused = {400, 300, 31};
+    c.expect_family = "sm80 fwd";
     add(c);
   }
   {  // long context, few sequences: many splits
@@ -539,6 +636,7 @@ int main(int argc, char** argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("sinkattn GPU decode suite on %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor,
                 small ? ", --small" : "");
+    g_hopper = prop.major == 9 && prop.minor == 0;
   }
   const auto cs = cases(small);
   for (const auto& c : cs) {

@@ -134,3 +134,31 @@ def test_decode_rows_are_judged_against_the_streaming_read_of_their_own_bytes(tm
     old_sliding = next(line for line in lines if line.startswith("| sliding layer, batch 256 (1) | H100"))
     assert "not judged" in old_sliding
     assert run("--check", "--runs-dir", bench / "runs", "--out", out).returncode == 0
+
+
+def test_paged_prefill_rows_are_judged_against_the_contiguous_call_of_the_same_run(tmp_path):
+    """sinkattn_gpu_bench_paged_prefill --json (tests/gpu/gpu_bench_paged_prefill.cpp): one row per layer, the paged
+    times per page size beside the contiguous call's, judged by the lowest contiguous / paged ratio (>= 0.9x)."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
+    shutil.copytree(ROOT / "bench" / "log", bench / "log")
+    out = bench / "RESULTS.md"
+
+    def row(layer, ps, dense, paged):
+        return {"layer": layer, "b": 2, "s_q": 4096, "s_kv": 4096, "h_q": 64, "h_kv": 8, "d": 64, "sinks": True,
+                "page_size": ps, "dense_ms": dense, "paged_ms": paged, "x_dense": dense / paged,
+                "paged_kernels": "hopper fwd", "dense_kernels": "hopper fwd"}
+    (tmp_path / "paged.json").write_text(json.dumps({
+        "tool": "sinkattn_gpu_bench_paged_prefill", "command": "sinkattn_gpu_bench_paged_prefill 20 --json p.json",
+        "date": "2031-03-04T05:06:07Z", "gpu": "NVIDIA H200", "reps": 20, "dtype": "bf16",
+        "rows": [row("gpt-oss-full", 16, 0.60, 0.64), row("gpt-oss-full", 64, 0.60, 0.61),
+                 row("mha-d128", 16, 0.50, 0.60), row("mha-d128", 256, 0.51, 0.52)]}))
+    r = run("--runs-dir", bench / "runs", "--out", out, "add", "--commit", "pp00001", "--log",
+            "bench/log/2026-12-01-decode.md", "--name", "paged", tmp_path / "paged.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    section = out.read_text().split("## Paged prefill")[1].split("\n## ")[0]
+    full = next(line for line in section.splitlines() if line.startswith("| GPT-OSS full (b 2"))
+    assert "| 0.640 / 0.610 | 0.600 |" in full and "| 0.94x | >= 0.9x | met |" in full
+    mha = next(line for line in section.splitlines() if line.startswith("| MHA d128 (b 2"))
+    assert "| 0.600 / 0.520 | 0.500 / 0.510 |" in mha and "| 0.83x |" in mha and "**missed**" in mha
+    assert run("--check", "--runs-dir", bench / "runs", "--out", out).returncode == 0

@@ -32,9 +32,12 @@ namespace sinkattn::cuda::sm90 {
 // elements, box 64 x a block of rows, 128-byte swizzle; ok = 0: none (every tile through cp.async).
 // bias: the kBias variant stages the bias tiles by TMA (KernelChoice::fwd_bias_tma): 4-d (s_kv, s_q, bias heads,
 // bias batches), box 64 keys x kBlockM queries; bias_ok = 0: none (each thread loads its fragment from global memory).
+// Paged KV (the kPaged kernel): k, v describe the pools, 4-d (d, rows in a page, h_kv, pages), box 64 x page_rows
+// rows (paged_kv_sm90.cuh).
 struct Sm90FwdTma {
   CUtensorMap q, k, v, bias;
   int ok, bias_ok;
+  int page_rows;  // paged KV: rows per TMA box, gcd(page_size, kBlockN) (a multiple of 8); else 0
 };
 
 // S (64 x BN, BN = 8 NT) = Q K^T: sQ_wg = this warpgroup's 64 rows of a Q tile of QROWS rows (1024-byte aligned:

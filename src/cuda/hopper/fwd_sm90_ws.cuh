@@ -27,7 +27,8 @@
 // L2 sections of p.fwd_section heads):
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
 // K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
-// per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's.
+// per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's. Paged KV
+// (kPaged): the producer warp reads K / V through the page table (paged_kv_sm90.cuh), the consumers are unchanged.
 // This file: the traits, the shared-memory layout (FwdWsSmem), the tile order (fwd_ws_tile), the producer warp's
 // loads (fwd_ws_load), the consumers' pipeline and epilogue (fwd_ws_consumers, with the bias / keep-bit steps of the
 // kBias / kDropout variants in FwdWsBlockExtras) and the kernel, which gives each warpgroup its role. The keep producer and the consumers'
@@ -44,6 +45,7 @@
 #include "cuda/hopper/bias_staging.cuh"
 #include "cuda/hopper/fwd_sm90_mainloop.cuh"
 #include "cuda/hopper/keep_producers.cuh"
+#include "cuda/hopper/paged_kv_sm90.cuh"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/scheduler.cuh"
@@ -200,8 +202,9 @@ __device__ __forceinline__ FwdWsTile fwd_ws_tile(const Params& p, int64_t L, int
 // The producer warp (warp 0): Q once per tile and K, V (kBias: with the bias tile) of every key block into the
 // two-stage ring, by TMA where the block lies in the sequence and by cp.async with zero-fill where it reaches past
 // its end (rows past len_kv must read as exact zeros: P = 0 there, and 0 * NaN would reach the output), each stage
-// once the consumers have released it (its "empty" barrier), completing its "full" barrier.
-template <typename T, typename Tr, typename TileAt>
+// once the consumers have released it (its "empty" barrier), completing its "full" barrier. kPaged: K / V through
+// the page table (paged_kv_sm90.cuh: TMA boxes of page chunks, cp.async with a page lookup per row).
+template <typename T, typename Tr, bool kPaged, typename TileAt>
 __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& tma, const FwdWsSmem<T, Tr>& sm,
                                             const TileAt& tile_at, int num_tiles, int lane, bool bias_smem) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages;
@@ -231,13 +234,28 @@ __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& t
       const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
       const uint32_t empty_parity = ((it / S) & 1) ^ 1;
       const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
+      // kPaged: lane c's chunk of the block (its page, looked up once for K and V)
+      const int chunks = kPaged && full ? BN / tma.page_rows : 0;
+      const KvRowIndex chunk_at = kPaged && full ? paged_chunk(p, t.n, j0, tma.page_rows, chunks, lane) : KvRowIndex{};
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
         uint64_t* empty = v ? &sm.v_empty[s] : &sm.k_empty[s];
         uint64_t* fullb = v ? &sm.v_full[s] : &sm.k_full[s];
         T* dst = (v ? sm.sV : sm.sK) + s * BN * HD;
         mbar_wait(empty, empty_parity);
-        if (full) {
+        if constexpr (kPaged) {
+          if (full) {
+            tma_load_paged_tile<BN, HD>(dst, v ? &tma.v : &tma.k, chunk_at, tma.page_rows, chunks, t.hk, fullb, lane);
+          } else {
+            if (v)
+              load_tile_sw_paged<BN, HD>(dst, static_cast<const T*>(p.v), p.v_st.b, p.v_st.s, t.hk * p.v_st.h, p, t.n,
+                                         j0, sq.len_kv - j0, p.d_v, lane, 32);
+            else
+              load_tile_sw_paged<BN, HD>(dst, static_cast<const T*>(p.k), p.k_st.b, p.k_st.s, t.hk * p.k_st.h, p, t.n,
+                                         j0, sq.len_kv - j0, p.d, lane, 32);
+            cp_async_arrive_warp(fullb, lane);
+          }
+        } else if (full) {
           if (lane == 0)
             tma_load_tile_sw<BN, HD>(dst, v ? &tma.v : &tma.k, static_cast<int>(sq.kv_start) + j0, t.hk, nbatch,
                                      fullb);
@@ -425,12 +443,14 @@ __device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSme
 // 1 / (1 - p) is in P and l from the start (OnlineSoftmax::init with rscale, step_scaled), so P is rounded to T with
 // it, as SPEC 5's plain implementation rounds it: rounding P first and scaling O afterwards lost P's low bits where a
 // large sink makes P subnormal in fp16 (10x the plain error at p = 0.9; tests/gpu/cases/edge-cases-sinkattn.json
-// dropout-fwd-ws-fp16-sink-subnormal-p).
-template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false>
+// dropout-fwd-ws-fp16-sink-subnormal-p). kPaged: the plain variant for paged KV (a prefill chunk reading K / V
+// through the page table): only the loading warp differs (fwd_ws_load, paged_kv_sm90.cuh).
+template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false, bool kPaged = false>
 __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias && kDropout), "no variant with both (dispatch.cpp)");
+  static_assert(!kPaged || (!kBias && !kDropout), "paged KV: the plain variant (validation refuses bias / dropout)");
   using Tr = FwdWsTraits<HD, NC_, kBias, kDropout>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -459,7 +479,7 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         fwd_keep_producer<BM, BN, Tr::kKeepStages, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
             p, num_tiles, tile_at, smem.sKeep, smem.keep_full, smem.keep_empty, tid - 32);
     }
-    if (warp == 0) fwd_ws_load<T, Tr>(p, tma, smem, tile_at, num_tiles, lane, bias_smem);
+    if (warp == 0) fwd_ws_load<T, Tr, kPaged>(p, tma, smem, tile_at, num_tiles, lane, bias_smem);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();
