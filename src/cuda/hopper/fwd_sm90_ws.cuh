@@ -203,10 +203,14 @@ __device__ __forceinline__ FwdWsTile fwd_ws_tile(const Params& p, int64_t L, int
 // two-stage ring, by TMA where the block lies in the sequence and by cp.async with zero-fill where it reaches past
 // its end (rows past len_kv must read as exact zeros: P = 0 there, and 0 * NaN would reach the output), each stage
 // once the consumers have released it (its "empty" barrier), completing its "full" barrier. kPaged: K / V through
-// the page table (paged_kv_sm90.cuh: TMA boxes of page chunks, cp.async with a page lookup per row).
+// the page table (paged_kv_sm90.cuh: TMA boxes of page chunks, cp.async with a page lookup per row), each key
+// block's page lookups issued one block ahead (their latency then overlaps the waits for the ring); role: kLoadAll
+// (one warp loads everything), or kLoadQK / kLoadV (two warps share the work: Q and K, or V).
+enum FwdLoadRole { kLoadQK = 0, kLoadV = 1, kLoadAll = 2 };
 template <typename T, typename Tr, bool kPaged, typename TileAt>
 __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& tma, const FwdWsSmem<T, Tr>& sm,
-                                            const TileAt& tile_at, int num_tiles, int lane, bool bias_smem) {
+                                            const TileAt& tile_at, int num_tiles, int lane, bool bias_smem,
+                                            int role = kLoadAll) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages;
   int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
   int qi = 0;  // Q tiles loaded so far
@@ -215,16 +219,26 @@ __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& t
     if (t.nblocks == 0) continue;
     const SeqInfo& sq = t.sq;
     const int nbatch = p.varlen ? 0 : t.n;
+    // kPaged: lane c's chunk of a key block lying in the sequence (its page, looked up once for K and V)
+    const int chunks = kPaged && tma.ok != 0 ? BN / tma.page_rows : 0;
+    const auto lookup = [&](int nb) {
+      return kPaged && tma.ok != 0 && (nb + 1) * BN <= sq.len_kv
+                 ? paged_chunk(p, t.n, nb * BN, tma.page_rows, chunks, lane)
+                 : PagedChunk{0, 0};
+    };
+    PagedChunk next_at = lookup(t.nb_lo);
     // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled),
     // once the consumers have released the previous tile's Q.
-    mbar_wait(sm.q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
-    if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
-      if (lane == 0)
-        tma_load_tile_sw<BM, HD>(sm.sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, sm.q_full);
-    } else {
-      const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
-      load_tile_sw_rolled<BM, HD>(sm.sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
-      cp_async_arrive_warp(sm.q_full, lane);
+    if (role != kLoadV) {
+      mbar_wait(sm.q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
+      if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
+        if (lane == 0)
+          tma_load_tile_sw<BM, HD>(sm.sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, sm.q_full);
+      } else {
+        const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
+        load_tile_sw_rolled<BM, HD>(sm.sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
+        cp_async_arrive_warp(sm.q_full, lane);
+      }
     }
     ++qi;
     const T* kg = row_ptr<const T>(p.k, p.k_st, t.n, sq.kv_start, t.hk);
@@ -234,11 +248,11 @@ __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& t
       const int nb = t.nb_lo + i, j0 = nb * BN, s = it % S;
       const uint32_t empty_parity = ((it / S) & 1) ^ 1;
       const bool full = tma.ok != 0 && (nb + 1) * BN <= sq.len_kv;
-      // kPaged: lane c's chunk of the block (its page, looked up once for K and V)
-      const int chunks = kPaged && full ? BN / tma.page_rows : 0;
-      const KvRowIndex chunk_at = kPaged && full ? paged_chunk(p, t.n, j0, tma.page_rows, chunks, lane) : KvRowIndex{};
+      const PagedChunk chunk_at = next_at;
+      if (kPaged && i + 1 < t.nblocks) next_at = lookup(nb + 1);
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
+        if (role != kLoadAll && v != role) continue;
         uint64_t* empty = v ? &sm.v_empty[s] : &sm.k_empty[s];
         uint64_t* fullb = v ? &sm.v_full[s] : &sm.k_full[s];
         T* dst = (v ? sm.sV : sm.sK) + s * BN * HD;
@@ -479,7 +493,12 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         fwd_keep_producer<BM, BN, Tr::kKeepStages, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
             p, num_tiles, tile_at, smem.sKeep, smem.keep_full, smem.keep_empty, tid - 32);
     }
-    if (warp == 0) fwd_ws_load<T, Tr, kPaged>(p, tma, smem, tile_at, num_tiles, lane, bias_smem);
+    // kPaged with many TMA boxes a key block (tiles::sm90_paged_two_loaders): warp 0 loads Q and K, warp 1 V;
+    // else warp 0 loads all
+    const bool two = kPaged && tma.ok != 0 && tiles::sm90_paged_two_loaders(HD, tma.page_rows);
+    if (warp == 0 || (two && warp == 1))
+      fwd_ws_load<T, Tr, kPaged>(p, tma, smem, tile_at, num_tiles, lane, bias_smem,
+                                 two ? (warp == 0 ? kLoadQK : kLoadV) : kLoadAll);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();

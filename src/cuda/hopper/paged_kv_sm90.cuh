@@ -4,7 +4,8 @@
 //   - tma_load_paged_tile: a key block that lies in the sequence, by TMA from a tensor map of the pool
 //     (d, rows in a page, h_kv, pages; launch.cuh, fwd_tma_maps) whose box is `rows` rows, rows = gcd(page_size,
 //     block_n) >= 8 (dispatch.cpp): the block is block_n / rows chunks, each inside one page; lane c of the loading
-//     warp looks up chunk c's page (paged_chunk) and issues its boxes, so the lookups run side by side. A chunk of
+//     warp looks up chunk c's page (paged_chunk, one key block ahead) and issues its boxes, so the lookups run side
+//     by side (from 16 boxes a block on, K and V have a loading warp each: tiles::sm90_paged_two_loaders). A chunk of
 //     a multiple of 8 rows starts at a multiple of 1024 bytes of its panel: the 128-byte swizzle of its box is the
 //     one the whole block's box would have;
 //   - load_tile_sw_paged: by cp.async, one page lookup per row (a block reaching past the sequence's end, and every
@@ -30,24 +31,31 @@ __device__ __forceinline__ KvRowIndex paged_row(const Params& p, int n, int j) {
                            j, false);
 }
 
+// Where a chunk of a key block lies: its page and its first row in the page (32-bit: the loading warp runs on few
+// registers).
+struct PagedChunk {
+  int page, row;
+};
+
 // Lane `lane` of the loading warp: where chunk `lane` (keys j0 + lane * rows ..) of a key block lies; lanes past the
 // block's chunks read nothing.
-__device__ __forceinline__ KvRowIndex paged_chunk(const Params& p, int n, int j0, int rows, int chunks, int lane) {
-  return lane < chunks ? paged_row(p, n, j0 + lane * rows) : KvRowIndex{0, 0};
+__device__ __forceinline__ PagedChunk paged_chunk(const Params& p, int n, int j0, int rows, int chunks, int lane) {
+  if (lane >= chunks) return {0, 0};
+  const KvRowIndex at = paged_row(p, n, j0 + lane * rows);
+  return {static_cast<int>(at.b), static_cast<int>(at.s)};
 }
 
 // A key block of BN rows, HD columns (panels of 64) into dst, completing `bar` (one arrival with the block's bytes
 // by lane 0, then every chunk's boxes): lane c < chunks loads chunk c from `at` (its paged_chunk) of KV head hk.
 template <int BN, int HD, typename T>
-__device__ __forceinline__ void tma_load_paged_tile(T* dst, const void* tmap, const KvRowIndex& at, int rows,
-                                                    int chunks, int hk, uint64_t* bar, int lane) {
+__device__ __forceinline__ void tma_load_paged_tile(T* dst, const void* tmap, PagedChunk at, int rows, int chunks,
+                                                    int hk, uint64_t* bar, int lane) {
   if (lane == 0) mbar_arrive_expect_tx(bar, BN * HD * sizeof(T));
   __syncwarp();
   if (lane < chunks) {
 #pragma unroll
     for (int c = 0; c < HD / 64; ++c)
-      tma_load_4d(dst + c * BN * 64 + lane * rows * 64, tmap, c * 64, static_cast<int>(at.s), hk,
-                  static_cast<int>(at.b), bar);
+      tma_load_4d(dst + c * BN * 64 + lane * rows * 64, tmap, c * 64, at.row, hk, at.page, bar);
   }
 }
 
