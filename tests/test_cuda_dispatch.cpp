@@ -318,7 +318,8 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   k = choose_kernels(paged256, kH200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_page_rows, 64);
-  EXPECT_TRUE(tiles::sm90_paged_two_loaders(256, 16) && !tiles::sm90_paged_two_loaders(256, 64));
+  EXPECT_TRUE(tiles::sm90_paged_two_loaders(256, 16) && tiles::sm90_paged_two_loaders(256, 64));
+  EXPECT_TRUE(tiles::sm90_paged_two_loaders(192, 64) && !tiles::sm90_paged_two_loaders(128, 64));
   EXPECT_TRUE(tiles::sm90_paged_two_loaders(64, 8) && !tiles::sm90_paged_two_loaders(64, 16));
   // No TMA (switch): the same kernel, a page lookup per row by cp.async.
   Switches no_tma;
