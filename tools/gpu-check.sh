@@ -31,7 +31,7 @@
 # takes into bench/RESULTS.md
 # (concurrency: concurrency.log; python: py_install.log pytest.log example.log example_bench.log; decode: decode.log
 # decode_sanitizer.log;
-# decode_bench: decode_bench.log; paged_bench: paged_bench.log; determinism: determinism.log bench_det_sm80.log) summary.txt
+# decode_bench: gpu_bench_decode.log; paged_bench: gpu_bench_paged_prefill.log; determinism: determinism.log bench_det_sm80.log) summary.txt
 #
 # Environment: BUILD_DIR (default build-gpu; a carried build dir such as build-cuda is used as is when its
 # binaries run here), CUDA_ARCHS (default 90a when building here), SWEEP (default 500), SEED (default: time),
@@ -182,25 +182,26 @@ if [[ " $STEPS " == *" decode "* ]]; then
   done
 fi
 
+# A timing program's step: LABEL NAME TIMEOUT PROGRAM ARGS... runs PROGRAM ARGS --json $OUT/NAME.json into
+# $OUT/NAME.log (ARGS are word-split by the caller on purpose: a filter, --sweep-splits), notes its status and time, and
+# copies its table into the summary.
+bench_step() {
+  local label=$1 name=$2 limit=$3 t0 rc
+  shift 3
+  t0=$(date +%s)
+  timeout "$limit" "$@" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  note "$label: rc=$rc in $(($(date +%s) - t0)) s ($name.log)"
+  tee -a "$SUMMARY" <"$OUT/$name.log"
+}
 if [[ " $STEPS " == *" decode_bench "* ]]; then
-  t0=$(date +%s)
-  # DECODE_ARGS unquoted: split into words on purpose
-  timeout "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" ${DECODE_ARGS:-} \
-    --json "$OUT/gpu_bench_decode.json" >"$OUT/decode_bench.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || status=1
-  note "decode bench: rc=$rc in $(($(date +%s) - t0)) s (decode_bench.log)"
-  tee -a "$SUMMARY" <"$OUT/decode_bench.log"
+  bench_step "decode bench" gpu_bench_decode "${DECODE_BENCH_TIMEOUT:-540}" "$DECODE_BENCH" "${DECODE_ITERS:-50}" \
+    ${DECODE_ARGS:-}
 fi
-
 if [[ " $STEPS " == *" paged_bench "* ]]; then
-  t0=$(date +%s)
-  timeout "${PAGED_BENCH_TIMEOUT:-300}" "$PAGED_BENCH" "${PAGED_ITERS:-20}" ${PAGED_ARGS:-} \
-    --json "$OUT/gpu_bench_paged_prefill.json" >"$OUT/paged_bench.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || status=1
-  note "paged prefill bench: rc=$rc in $(($(date +%s) - t0)) s (paged_bench.log)"
-  tee -a "$SUMMARY" <"$OUT/paged_bench.log"
+  bench_step "paged prefill bench" gpu_bench_paged_prefill "${PAGED_BENCH_TIMEOUT:-300}" "$PAGED_BENCH" \
+    "${PAGED_ITERS:-20}" ${PAGED_ARGS:-}
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then

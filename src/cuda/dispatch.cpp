@@ -366,8 +366,8 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
        "variant (tiles 64 and 128, 2 consumers): a 16-bit bias of unit key stride staged by TMA, any other bias "
        "loaded per thread. Dropout variant (tiles 64 and 128, 2 consumers): the keep bits drawn by the consumers "
        "and the producer warpgroup. Needs the library's sm_90a code (SINKATTN_CUDA_NO_SM90=1 turns every Hopper "
-       "kernel off); not with both bias and dropout, not for "
-       "paged KV with a page size that is not a multiple of 8, not for a window bounded on both sides (a sliding window) that spans fewer than " +
+       "kernel off); not with both bias and dropout, not for paged KV with a page size that is not a multiple of "
+       "8, not for a window bounded on both sides (a sliding window) that spans fewer than " +
            to_string(tiles::kSm90FwdMinWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
            " query rows: the sm_80 forward is faster there."},
       {"sm80 fwd", "src/cuda/fwd_kernel.cuh",

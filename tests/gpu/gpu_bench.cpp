@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_report.hpp"
+#include "bench_timing.hpp"
 #include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -42,22 +43,9 @@ sinkattn_tensor_t t4(void* p, sinkattn_dtype_t dt, int64_t a, int64_t b, int64_t
   return sinkattn_make_tensor(p, dt, 4, shape, nullptr);
 }
 
-// A device buffer of `elems` random bf16 (N(0, 1)) values: a window, at a random offset, of one pool of values drawn
-// once (drawing every buffer's values afresh took most of a run at s = 16384).
+// A device buffer of `elems` random bf16 (N(0, 1)) values (bench_timing.hpp's random_bf16).
 void* dalloc_random(size_t elems, std::mt19937& rng) {
-  static const std::vector<uint16_t> pool = [&] {
-    std::vector<uint16_t> h(size_t(1) << 24);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& x : h) {
-      float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-    return h;
-  }();
-  std::vector<uint16_t> h(elems);
-  for (size_t i = 0, at = rng() % pool.size(); i < elems; ++i, at = at + 1 == pool.size() ? 0 : at + 1) h[i] = pool[at];
+  const std::vector<uint16_t> h = sinkattn_bench::random_bf16(elems, rng);
   void* p;
   CK(cudaMalloc(&p, elems * 2));
   CK(cudaMemcpy(p, h.data(), elems * 2, cudaMemcpyHostToDevice));
@@ -183,22 +171,10 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     auto call_ms = [&](bool bwd) {
-      CK(cudaEventRecord(e0));
-      const sinkattn_status_t st = bwd ? sinkattn_backward(&p) : sinkattn_forward(&p);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      if (st != SINKATTN_OK) {
-        std::printf("%s: %s\n", sh.name, sinkattn_last_error());
-        std::exit(1);
-      }
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      return ms;
+      return sinkattn_bench::event_ms(e0, e1, sh.name,
+                                      [&] { return bwd ? sinkattn_backward(&p) : sinkattn_forward(&p); });
     };
-    auto median = [](std::vector<float>& ts) {
-      std::sort(ts.begin(), ts.end());
-      return ts[ts.size() / 2];
-    };
+    using sinkattn_bench::median;
     std::vector<float> tf, tb, td;
     for (int r = 0; r < reps + 3; ++r) {
       set(r % kSets);

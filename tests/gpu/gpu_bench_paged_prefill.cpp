@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_report.hpp"
+#include "bench_timing.hpp"
 #include "cuda_check.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -37,24 +38,6 @@ struct Layer {
 
 sinkattn_tensor_t tensor(void* p, sinkattn_dtype_t dt, std::vector<int64_t> shape) {
   return sinkattn_make_tensor(p, dt, static_cast<int32_t>(shape.size()), shape.data(), nullptr);
-}
-
-// `elems` bf16 values N(0, 1), drawn from one pool of values drawn once, at a random offset.
-std::vector<uint16_t> random_bf16(size_t elems, std::mt19937& rng) {
-  static const std::vector<uint16_t> pool = [&] {
-    std::vector<uint16_t> h(size_t(1) << 22);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& x : h) {
-      const float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-    return h;
-  }();
-  std::vector<uint16_t> h(elems);
-  for (size_t i = 0, at = rng() % pool.size(); i < elems; ++i, at = at + 1 == pool.size() ? 0 : at + 1) h[i] = pool[at];
-  return h;
 }
 
 void* upload(const void* src, size_t bytes) {
@@ -103,7 +86,8 @@ int main(int argc, char** argv) {
   for (const Layer& L : layers) {
     if (!only.empty() && std::string(L.name).find(only) == std::string::npos) continue;
     const size_t nq = size_t(L.b) * L.s_q * L.h_q * L.d, row = size_t(L.h_kv) * L.d, nk = size_t(L.b) * L.s_kv * row;
-    const std::vector<uint16_t> hq = random_bf16(nq, rng), hk = random_bf16(nk, rng), hv = random_bf16(nk, rng);
+    const std::vector<uint16_t> hq = sinkattn_bench::random_bf16(nq, rng), hk = sinkattn_bench::random_bf16(nk, rng),
+                                hv = sinkattn_bench::random_bf16(nk, rng);
     void* q = upload(hq.data(), nq * 2);
     void* k = upload(hk.data(), nk * 2);
     void* v = upload(hv.data(), nk * 2);
@@ -163,17 +147,7 @@ int main(int argc, char** argv) {
       if (std::max(wd, wp) > 0) CK(cudaMalloc(&ws, std::max(wd, wp)));
       for (sinkattn_params_t* p : {&dense, &paged}) p->workspace = ws, p->workspace_bytes = std::max(wd, wp);
       auto call_ms = [&](sinkattn_params_t& p) {
-        CK(cudaEventRecord(e0));
-        const sinkattn_status_t st = sinkattn_forward(&p);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        if (st != SINKATTN_OK) {
-          std::printf("%s: %s\n", L.name, sinkattn_last_error());
-          std::exit(1);
-        }
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms;
+        return sinkattn_bench::event_ms(e0, e1, L.name, [&] { return sinkattn_forward(&p); });
       };
       std::vector<float> td, tp;
       for (int r = 0; r < reps + 3; ++r)
@@ -182,9 +156,7 @@ int main(int argc, char** argv) {
           const float ms = call_ms(pg ? paged : dense);
           if (r >= 3) (pg ? tp : td).push_back(ms);
         }
-      std::sort(td.begin(), td.end());
-      std::sort(tp.begin(), tp.end());
-      const float d = td[td.size() / 2], pms = tp[tp.size() / 2];
+      const float d = sinkattn_bench::median(td), pms = sinkattn_bench::median(tp);
       const std::string kern = kernels_of(paged), dkern = kernels_of(dense);
       std::printf("%-24s %6lld %10.3f %10.3f %8.3f  %s\n", L.name, static_cast<long long>(ps), d, pms, d / pms,
                   kern.c_str());
