@@ -277,11 +277,10 @@ std::string KernelChoice::summary(Pass pass) const {
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
     if (fwd == FwdKernel::kSm90Ws && fwd_paged)
-      s += ", paged KV " + (fwd_tma ? "by TMA, boxes of " + std::to_string(fwd_page_rows) + " rows of a page" +
-                                          (tiles::sm90_paged_two_loaders(tile, fwd_page_rows)
-                                               ? " (two loading warps: Q and K, V)"
-                                               : "")
-                                    : std::string("by cp.async, a page lookup per row"));
+      s += ", paged KV " +
+           (fwd_tma ? "by TMA, boxes of " + std::to_string(fwd_page_rows) + " rows of a page"
+                    : std::string("by cp.async, a page lookup per row")) +
+           " (two loading warps: Q and K, V)";
     else if (fwd == FwdKernel::kSm90Ws)
       s += fwd_tma ? ", TMA" : ", cp.async";
     if (fwd_section > 0) s += ", L2 sections of " + std::to_string(fwd_section) + " heads";

@@ -79,15 +79,6 @@ constexpr int kSm90FwdMinWindowKeys = 512;
 // (dispatch.cpp; the kernel's first measurements: bench/log/2026-12-01-warp-specialised-forward.md).
 constexpr int sm90_ws_block_n(int hd) { return hd <= 128 ? 128 : 64; }
 constexpr int sm90_ws_default_consumers(int hd) { return hd == 64 ? 3 : 2; }
-// Its paged variant (kPaged, hopper/paged_kv_sm90.cuh) reads a key block of K or V as (keys per step / page_rows)
-// chunks x (hd / 64) panels of TMA boxes. Two producer warps load (Q and K, and V) from 16 boxes a block on and at
-// 64 keys a step (tiles 192 / 256), one warp loads all otherwise. Measured against the contiguous call (H100,
-// bench/log/2026-12-06-paged-prefill-hopper.md): pages of 16 rows at tiles 128 / 256 went from 0.84 / 0.80x its
-// speed to 0.91 / 0.92x, tile 256's larger pages from 0.94 to 0.95x; the second warp cost tiles 64 and 128 1-2 % where
-// a block is 1-8 boxes. Tile 192 follows tile 256 (not measured on its own).
-constexpr bool sm90_paged_two_loaders(int hd, int page_rows) {
-  return page_rows > 0 && ((sm90_ws_block_n(hd) / page_rows) * (hd / 64) >= 16 || sm90_ws_block_n(hd) == 64);
-}
 // Its bias variant (kBias): 2 consumers, staged by TMA or not. Staged, 2 read the tile's words into registers
 // (ldmatrix) after S is issued; 3 (128 registers a thread) read them where used and spilled 114 bytes: GPT-OSS full
 // + bias forward 1.019 / 1.023 ms with 2 against 1.191 / 1.200 with 3 (H200, bench/log/2026-12-02-bias-ldmatrix.md;

@@ -493,12 +493,11 @@ __global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThread
         fwd_keep_producer<BM, BN, Tr::kKeepStages, Tr::kKeepThreads, Tr::kConsumerSlices / 2>(
             p, num_tiles, tile_at, smem.sKeep, smem.keep_full, smem.keep_empty, tid - 32);
     }
-    // kPaged with many TMA boxes a key block (tiles::sm90_paged_two_loaders): warp 0 loads Q and K, warp 1 V;
-    // else warp 0 loads all
-    const bool two = kPaged && tma.ok != 0 && tiles::sm90_paged_two_loaders(HD, tma.page_rows);
-    if (warp == 0 || (two && warp == 1))
+    // kPaged: warp 0 loads Q and K, warp 1 V (a key block of small pages is many TMA boxes; measured:
+    // bench/log/2026-12-06-paged-prefill-hopper.md); else warp 0 loads all
+    if (warp == 0 || (kPaged && warp == 1))
       fwd_ws_load<T, Tr, kPaged>(p, tma, smem, tile_at, num_tiles, lane, bias_smem,
-                                 two ? (warp == 0 ? kLoadQK : kLoadV) : kLoadAll);
+                                 kPaged ? (warp == 0 ? kLoadQK : kLoadV) : kLoadAll);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<Tr::kConsumerRegs>();
