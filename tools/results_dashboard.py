@@ -44,6 +44,7 @@ LAYERS = {
     "hd256": "head dim 256",
     "gpt-oss-full-16k": "GPT-OSS full, s 16384",
     "mha-d128-16k": "MHA d128, s 16384",
+    "gpt-oss-chunk1k-ctx8k": "GPT-OSS prefill chunk of 1024 queries over 8192 keys",
 }
 
 # Targets (the project's open issues). Sliding: forward + backward in ms, per GPU.
