@@ -5,9 +5,9 @@
 //     (d, rows in a page, h_kv, pages; launch.cuh, fwd_tma_maps) whose box is `rows` rows, rows = gcd(page_size,
 //     block_n) >= 8 (dispatch.cpp): the block is block_n / rows chunks, each inside one page; lane c of the loading
 //     warp looks up chunk c's page (paged_chunk, one key block ahead) and issues its boxes, so the lookups run side
-//     by side (K and V have a loading warp each: fwd_sm90_ws.cuh). A chunk of
-//     a multiple of 8 rows starts at a multiple of 1024 bytes of its panel: the 128-byte swizzle of its box is the
-//     one the whole block's box would have;
+//     by side (K and V have a loading warp each: fwd_sm90_ws.cuh). A chunk of a multiple of 8 rows starts at a
+//     multiple of 1024 bytes of its panel: the 128-byte swizzle of its box is the one the whole block's box would
+//     have;
 //   - load_tile_sw_paged: by cp.async, one page lookup per row (a block reaching past the sequence's end, and every
 //     block where the call has no tensor map): rows at or past rows_valid and columns past cols_valid are
 //     zero-filled without being read (rows past len_kv must read as exact zeros: P = 0 there, and 0 * NaN would
