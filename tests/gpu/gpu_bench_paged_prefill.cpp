@@ -26,6 +26,7 @@
 #include "bench_report.hpp"
 #include "bench_timing.hpp"
 #include "cuda_check.hpp"
+#include "kernel_report.hpp"
 #include "sinkattn/sinkattn.h"
 
 namespace {
@@ -47,15 +48,10 @@ void* upload(const void* src, size_t bytes) {
   return p;
 }
 
+// The kernels of a forward call, or why none are reported.
 std::string kernels_of(const sinkattn_params_t& p) {
-  char buf[4096] = {0};
-  sinkattn_backend_t chosen;
-  if (sinkattn_query_backend(&p, 0, &chosen, buf, sizeof buf) != SINKATTN_OK) return sinkattn_last_error();
-  const std::string s(buf);
-  const size_t a = s.find("kernels: ");
-  if (a == std::string::npos) return s;
-  const size_t e = s.find('\n', a);
-  return s.substr(a + 9, e == std::string::npos ? std::string::npos : e - a - 9);
+  const std::string k = sinkattn_test::cuda_kernels(p);
+  return k.empty() ? std::string("not on CUDA: ") + sinkattn_last_error() : k;
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "paged_layout.hpp"
 #include "reference.hpp"
 #include "cuda_check.hpp"
+#include "kernel_report.hpp"
 #include "sinkattn/sinkattn.h"
 
 namespace {
@@ -298,17 +299,12 @@ Result run(Problem& P, sinkattn_params_t p, int32_t splits, cudaStream_t stream 
 
 std::string split_name(int32_t s) { return s == 0 ? "heuristic" : std::to_string(s); }
 
-// The forward's kernel family as sinkattn_query_backend reports it ("decode", "hopper fwd", "sm80 fwd"; "cpu" on the
-// CPU backend).
+// The forward's kernel family as sinkattn_query_backend reports it ("decode", "hopper fwd", "sm80 fwd"; "not CUDA"
+// where the call runs elsewhere).
 std::string kernel_family(const sinkattn_params_t& p) {
-  char buf[4096] = {0};
-  sinkattn_backend_t chosen;
-  if (sinkattn_query_backend(&p, 0, &chosen, buf, sizeof buf) != SINKATTN_OK) return "none";
-  const std::string s(buf);
-  const size_t a = s.find("kernels: ");
-  if (chosen != SINKATTN_BACKEND_CUDA || a == std::string::npos) return "cpu";
-  const size_t e = s.find_first_of("(\n,", a + 9);
-  std::string f = s.substr(a + 9, e == std::string::npos ? std::string::npos : e - a - 9);
+  const std::string k = sinkattn_test::cuda_kernels(p);
+  if (k.empty()) return "not CUDA";
+  std::string f = k.substr(0, k.find_first_of("(,"));
   while (!f.empty() && f.back() == ' ') f.pop_back();
   return f;
 }
