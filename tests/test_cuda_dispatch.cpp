@@ -279,6 +279,15 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   EXPECT_EQ(k.fwd, FwdKernel::kDecode);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "decode"));
   EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kDecode);  // not a Hopper kernel
+  // The split combine by programmatic dependent launch: compute capability 9.0 and above, off under
+  // SINKATTN_CUDA_NO_PDL.
+  EXPECT_TRUE(k.pdl);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "combine by programmatic dependent launch"));
+  EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).pdl);
+  Switches no_pdl;
+  no_pdl.no_pdl = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, no_pdl).pdl);
+  EXPECT_FALSE(has(choose_kernels(c, kH200, no_pdl).summary(Pass::kForward), "programmatic"));
   c.s_q = 16;
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kDecode);
   c.s_q = 17;

@@ -425,21 +425,22 @@ class CudaBackend final : public Backend {
       const cuda::DecodePlan dp = cuda::plan_decode(c);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
-      return run_decode(c, dp, k, st);
+      return run_decode(c, dp, kc.pdl, k, st);
     }
     if (c.dtype == SINKATTN_F16) return run_typed<__half>(c, kc, w, k, st);
     return run_typed<__nv_bfloat16>(c, kc, w, k, st);
   }
 
   // Forward on the decode kernels (decode/decode.hpp) [+ rng_state].
-  static Status run_decode(const Call& c, const cuda::DecodePlan& dp, Params& k, cudaStream_t st) {
+  static Status run_decode(const Call& c, const cuda::DecodePlan& dp, bool pdl, Params& k, cudaStream_t st) {
     if (c.p->workspace_bytes < dp.bytes || (dp.bytes > 0 && c.p->workspace == nullptr))
       return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "workspace: the cuda backend got " +
                                                           std::to_string(c.p->workspace_bytes) +
                                                           " bytes, the decode forward needs " + std::to_string(dp.bytes)};
     cuda::bind_decode(dp, c.p->workspace, &k);
-    SINKATTN_CUDA_CHECK("decode kernels", c.dtype == SINKATTN_F16 ? cuda::launch_decode<__half>(k, dp, st)
-                                                                   : cuda::launch_decode<__nv_bfloat16>(k, dp, st));
+    SINKATTN_CUDA_CHECK("decode kernels", c.dtype == SINKATTN_F16
+                                              ? cuda::launch_decode<__half>(k, dp, pdl, st)
+                                              : cuda::launch_decode<__nv_bfloat16>(k, dp, pdl, st));
     const sinkattn_params_t& p = *c.p;
     if (p.rng_state.rank > 0 && p.rng_state.data != nullptr)
       SINKATTN_CUDA_CHECK("rng_state kernel",

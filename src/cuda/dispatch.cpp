@@ -181,6 +181,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   };
   if (no_decode.empty()) {
     k.fwd = FwdKernel::kDecode;
+    k.pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel (KernelChoice::pdl)
   } else if (c.paged.on && !no90_fwd.empty()) {
     sm80_paged(no90_fwd);
   } else if (c.paged.on && c.paged.page_size % 8 != 0) {
@@ -272,8 +273,9 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm80Extra: s = "sm80 fwd (mma.sync, bias / dropout variant)"; break;
       case FwdKernel::kSm80Paged: s = "sm80 fwd (mma.sync, paged KV)"; break;
       case FwdKernel::kDecode:
-        return "decode (query heads of a KV group packed per tile, split-KV + combine; splits from decode/decode.cu's "
-               "plan or num_splits)";
+        return std::string("decode (query heads of a KV group packed per tile, split-KV + combine") +
+               (pdl ? " by programmatic dependent launch" : "") +
+               "; splits from decode/decode.cu's plan or num_splits)";
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
     if (fwd == FwdKernel::kSm90Ws && fwd_paged)

@@ -31,34 +31,64 @@ struct KvRows {
   __device__ __forceinline__ int64_t v_off(const KvRowIndex& r) const { return r.b * v_b + r.s * v_s + v_head; }
 };
 
-// K and V tiles of ROWS keys j0 .. j0 + ROWS - 1 into shared memory (row stride HD + 8, as load_tile_async):
-// rows outside [row_lo, row_hi) and columns >= d (K) / d_v (V) are zero-filled without being read. A row's page is looked up
-// once for its K and V chunk. When NTHREADS is a multiple of the 16-byte chunks per row, each thread owns one fixed
-// column chunk and rows r0, r0 + step, ... (compile-time trip count); otherwise a plain strided loop.
+// K and V tiles of ROWS keys j0 .. j0 + ROWS - 1 into shared memory (row stride HD + 8, as load_tile_async), in
+// two phases: `lookup` reads the page-table entries of this thread's rows, `copy` issues the cp.async copies. Rows
+// outside [row_lo, row_hi) and columns >= d (K) / d_v (V) are zero-filled without being read, and so are their
+// page-table entries. Thread tid moves the 16-byte chunks idx = tid + it * NTHREADS (it < kIters): row
+// idx / kChunks, column chunk idx % kChunks, and looks a row's page up once for its K and V chunk.
+// Why two phases: a lookup is a global load and a copy's address depends on it; looked up row by row (load, then its
+// copy) the loads wait one after another, a whole memory latency per row of the tile. Every lookup of a tile (or of
+// several, or one tile ahead of its copy, as the decode kernel does) is issued before the first copy needs one.
+template <int ROWS, int HD, int NTHREADS>
+struct KvTileLoader {
+  static constexpr int kChunks = HD / 8;
+  static constexpr int kStride = HD + 8;
+  static constexpr int kIters = (ROWS * kChunks + NTHREADS - 1) / NTHREADS;
+
+  // KvRowIndex per row, narrowed to 32 bits (a page number or a batch index, and a row in it), two registers a row
+  struct Rows {
+    int b[kIters], s[kIters];
+  };
+
+  __device__ __forceinline__ static bool in_tile(int idx) {
+    return (ROWS * kChunks) % NTHREADS == 0 || idx < ROWS * kChunks;
+  }
+
+  __device__ __forceinline__ static Rows lookup(const KvRows& kr, int j0, int row_lo, int row_hi, int tid) {
+    Rows rows;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = tid + it * NTHREADS, r = idx / kChunks;
+      const bool row_ok = in_tile(idx) && r >= row_lo && r < row_hi;
+      const KvRowIndex ri = row_ok ? kr.index(j0 + r) : KvRowIndex{0, 0};
+      rows.b[it] = static_cast<int>(ri.b);
+      rows.s[it] = static_cast<int>(ri.s);
+    }
+    return rows;
+  }
+
+  template <typename T>
+  __device__ __forceinline__ static void copy(T* sK, T* sV, const T* k, const T* v, const KvRows& kr, const Rows& rows,
+                                              int row_lo, int row_hi, int d, int d_v, int tid) {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = tid + it * NTHREADS, r = idx / kChunks, cc = idx % kChunks;
+      if (!in_tile(idx)) continue;
+      const bool row_ok = r >= row_lo && r < row_hi;
+      const bool k_ok = row_ok && cc * 8 < d, v_ok = row_ok && cc * 8 < d_v;
+      const KvRowIndex ri{rows.b[it], rows.s[it]};
+      cp_async16(sK + r * kStride + cc * 8, k_ok ? k + kr.k_off(ri) + cc * 8 : k, k_ok);
+      cp_async16(sV + r * kStride + cc * 8, v_ok ? v + kr.v_off(ri) + cc * 8 : v, v_ok);
+    }
+  }
+};
+
+// Both phases for one tile (its lookups, then its copies).
 template <int ROWS, int HD, int NTHREADS, typename T>
 __device__ __forceinline__ void load_kv_tiles_async(T* sK, T* sV, const T* k, const T* v, const KvRows& kr, int j0,
                                                     int row_lo, int row_hi, int d, int d_v, int tid) {
-  constexpr int kChunks = HD / 8;
-  constexpr int kStride = HD + 8;
-  auto chunk = [&](int r, int cc) {
-    const bool row_ok = r >= row_lo && r < row_hi;
-    const bool k_ok = row_ok && cc * 8 < d, v_ok = row_ok && cc * 8 < d_v;
-    const KvRowIndex ri = row_ok ? kr.index(j0 + r) : KvRowIndex{0, 0};
-    cp_async16(sK + r * kStride + cc * 8, k_ok ? k + kr.k_off(ri) + cc * 8 : k, k_ok);
-    cp_async16(sV + r * kStride + cc * 8, v_ok ? v + kr.v_off(ri) + cc * 8 : v, v_ok);
-  };
-  if constexpr (NTHREADS % kChunks == 0) {
-    constexpr int kRowStep = NTHREADS / kChunks;
-    const int cc = tid % kChunks, r0 = tid / kChunks;
-#pragma unroll
-    for (int it = 0; it < (ROWS + kRowStep - 1) / kRowStep; ++it) {
-      const int r = r0 + it * kRowStep;
-      if (ROWS % kRowStep == 0 || r < ROWS) chunk(r, cc);
-    }
-  } else {
-#pragma unroll
-    for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) chunk(idx / kChunks, idx % kChunks);
-  }
+  using L = KvTileLoader<ROWS, HD, NTHREADS>;
+  L::copy(sK, sV, k, v, kr, L::lookup(kr, j0, row_lo, row_hi, tid), row_lo, row_hi, d, d_v, tid);
 }
 
 }  // namespace sinkattn::cuda

@@ -6,6 +6,7 @@
 
 #include "cuda/decode/decode_combine.cuh"
 #include "cuda/decode/decode_kernel.cuh"
+#include "cuda/kernels.hpp"
 
 namespace sinkattn::cuda {
 
@@ -83,7 +84,11 @@ DecodePlan plan_decode(const Call& c) {
       for (int64_t x = 1; x <= max_s; ++x) best = std::max(best, eff(x));
       while (s < max_s && eff(s) < 0.85 * best) ++s;
     }
-    d.num_splits = static_cast<int>(s);
+    // The kernel gives each split ceil(tiles / s) consecutive tiles: fewer splits of that many cover the keys (42
+    // splits of 129 tiles take 4 each, and 33 splits of 4 cover them; the other 9 would start, find no key and
+    // leave an empty partial for the combine).
+    const int64_t per = (tiles + s - 1) / s;
+    d.num_splits = static_cast<int>((tiles + per - 1) / per);
   }
   if (static_cast<int64_t>(d.m_blocks) * d.num_splits > (int64_t{1} << 31) - 1) return no("grid too large");
   if (d.num_splits > 1) {
@@ -104,18 +109,17 @@ void bind_decode(const DecodePlan& plan, void* workspace, Params* p) {
 }
 
 template <typename T>
-cudaError_t launch_decode(const Params& p, const DecodePlan& plan, cudaStream_t stream) {
+cudaError_t launch_decode(const Params& p, const DecodePlan& plan, bool pdl, cudaStream_t stream) {
   if (p.b == 0 || p.h_kv == 0 || plan.m_blocks == 0) return cudaSuccess;
   cudaError_t e = plan.hd == 64 ? launch_decode_tile<T, 64>(p, plan.config, plan.m_blocks, stream)
                                 : launch_decode_tile<T, 128>(p, plan.config, plan.m_blocks, stream);
   if (e != cudaSuccess || plan.num_splits <= 1) return e;
   const int64_t pairs = static_cast<int64_t>(std::max(p.s_q, 1)) * p.h_q;
   const dim3 grid(static_cast<unsigned>((pairs + 3) / 4), static_cast<unsigned>(p.b));
-  decode_combine_kernel<T><<<grid, 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(decode_combine_kernel<T>, grid, dim3(128), 0, stream, pdl, p);
 }
 
-template cudaError_t launch_decode<__half>(const Params&, const DecodePlan&, cudaStream_t);
-template cudaError_t launch_decode<__nv_bfloat16>(const Params&, const DecodePlan&, cudaStream_t);
+template cudaError_t launch_decode<__half>(const Params&, const DecodePlan&, bool, cudaStream_t);
+template cudaError_t launch_decode<__nv_bfloat16>(const Params&, const DecodePlan&, bool, cudaStream_t);
 
 }  // namespace sinkattn::cuda

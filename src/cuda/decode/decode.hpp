@@ -33,15 +33,16 @@ struct DecodePlan {
 // given (at most kCombineMaxSplits), else a heuristic from the batch, the KV heads, the packed rows, the keys a row
 // can see and the device's SM count and shared memory: the fewest splits whose waves of resident CTAs are within
 // 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
-// keys) or the CTAs already make 4 waves.
+// keys) or the CTAs already make 4 waves; then as few splits as cover the tiles at that count's tiles per split.
 DecodePlan plan_decode(const Call& c);
 
 // Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q).
 void bind_decode(const DecodePlan& plan, void* workspace, Params* p);
 
-// The decode kernel, and the combine when the plan splits, on `stream`.
+// The decode kernel, and the combine when the plan splits, on `stream`; pdl: the combine with programmatic dependent
+// launch (KernelChoice::pdl).
 template <typename T>
-cudaError_t launch_decode(const Params& p, const DecodePlan& plan, cudaStream_t stream);
+cudaError_t launch_decode(const Params& p, const DecodePlan& plan, bool pdl, cudaStream_t stream);
 
 // One head-dim tile's decode kernel (decode_hd64.cu, decode_hd128.cu) and its shared-memory bytes.
 template <typename T, int HD>

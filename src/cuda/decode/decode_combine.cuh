@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
     if (lane == 0) *lse_out = sink_value(p, h);
     return;
   }
+  pdl_wait();  // the decode kernel's partials (launched with KernelChoice::pdl, this grid may start before it ends)
   const int S = p.num_splits;
   const int64_t row = ws_row(p, sq, n, i);
   const int64_t plane = static_cast<int64_t>(p.h_q) * p.rows_total_q;  // partials of one split
@@ -57,14 +58,24 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
   for (int k = 0; k < kCombineMaxSplits / 32; ++k)
     sW[warp][lane + 32 * k] = lse != -INFINITY ? fast_exp2((ls[k] - lse) * kLog2e) : 0.f;
   __syncwarp();
+  // kBatch partials' loads are issued before the first is used: one memory latency per batch, not per split.
+  constexpr int kBatch = 16;
+  static_assert(kCombineMaxSplits % kBatch == 0, "batches cover sW");
   for (int col = 2 * lane; col < p.d_v; col += 64) {
     float a0 = 0.f, a1 = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float w = sW[warp][s];
-      if (w == 0.f) continue;  // an empty split's partial is not read
-      const float2 o = *reinterpret_cast<const float2*>(p.ws_o_part + (s * plane + base) * p.d_v + col);
-      a0 += w * o.x;
-      a1 += w * o.y;
+    for (int s0 = 0; s0 < S; s0 += kBatch) {
+      float2 o[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {  // sW is 0 past S: those partials, and empty splits', are not read
+        const float* src = p.ws_o_part + ((s0 + u) * plane + base) * p.d_v + col;
+        o[u] = sW[warp][s0 + u] != 0.f ? *reinterpret_cast<const float2*>(src) : make_float2(0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const float w = sW[warp][s0 + u];
+        a0 += w * o[u].x;
+        a1 += w * o[u].y;
+      }
     }
     *reinterpret_cast<uint32_t*>(out + col) = ElemTraits<T>::pack(a0, a1);
   }
