@@ -11,6 +11,9 @@
 #           SINKATTN_CUDA_NO_TMA=1) can be compared with VARIANT_ENV="NAME:VAR=1 ..." (a variant NAME that reuses the
 #           first library with that environment; several variables as NAME:VAR=1,VAR2=2; NAME@LIB:VAR=1 runs library
 #           LIB with it).
+#   AB_OUT=DIR (run): each run's whole output to DIR/NAME_ROUND.txt and `--json DIR/NAME_ROUND.json` (both benches
+#           take it) instead of the table on stdout. BENCH_BIN=NAME (pack): the bench program of build/tests/gpu to copy
+#           (default sinkattn_gpu_bench; e.g. sinkattn_gpu_bench_decode, then run with BENCH=$AB_DIR/that name).
 #   device: tools/gpu-ab.sh unpack   unpacks every NAME.so.xz to $AB_DIR/NAME/libsinkattn.so.0 (what `run` does first;
 #           tools/prof/kernel_times.sh uses it).
 set -euo pipefail
@@ -37,7 +40,8 @@ case "$cmd" in
     # the newer of the versioned file and the plain name (a build that once set a version keeps its stale file)
     lib=$(ls -t "$build/libsinkattn.so.0.1.0" "$build/libsinkattn.so" 2>/dev/null | head -1)
     xz -T0 -6 -c "$lib" >"$AB_DIR/$name.so.xz"
-    cp "$build/tests/gpu/sinkattn_gpu_bench" "$AB_DIR/sinkattn_gpu_bench"
+    bin=${BENCH_BIN:-sinkattn_gpu_bench}
+    cp "$build/tests/gpu/$bin" "$AB_DIR/$bin"
     ls -la "$AB_DIR"
     ;;
   unpack)
@@ -70,7 +74,14 @@ case "$cmd" in
         [ -d "$lib" ] || lib=$AB_DIR/${names[0]}
         echo "== $name $round"
         e=${envs[$name]:-}
-        env ${e//,/ } LD_LIBRARY_PATH="$lib" timeout 120 "$bench" "$reps" $shape | tail -n +3
+        if [ -n "${AB_OUT:-}" ]; then
+          mkdir -p "$AB_OUT"
+          env ${e//,/ } LD_LIBRARY_PATH="$lib" timeout 300 "$bench" "$reps" $shape \
+            --json "$AB_OUT/${name}_$round.json" >"$AB_OUT/${name}_$round.txt" 2>&1 ||
+            echo "FAILED: $name round $round (exit $?)"
+        else
+          env ${e//,/ } LD_LIBRARY_PATH="$lib" timeout 120 "$bench" "$reps" $shape | tail -n +3
+        fi
       done
     done
     ;;
