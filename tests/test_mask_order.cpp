@@ -15,6 +15,7 @@
 
 #include "common/mask.hpp"
 #include "common/rows.hpp"
+#include "core/kv_rows.hpp"
 #include "common/seq.hpp"
 #include "cuda/dq_order.hpp"
 #include "cuda/scheduler.hpp"
@@ -479,3 +480,32 @@ TEST(Scheduler, L2SectionPairs) {
 
 }  // namespace
 }  // namespace sinkattn
+
+// FastDivmod (core/kv_rows.hpp), the CUDA loaders' page split: x / d by multiply-high and shift equals the division
+// for every divisor up to 4096 (page sizes) and large ones, on small, page-boundary and the largest 31-bit keys.
+TEST(FastDivmod, EqualsTheDivision) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d : {5000u, 65535u, 65536u, 65537u, 1000003u, (1u << 29) - 1, 1u << 29, (1u << 30) - 3, 1u << 30,
+                     (1u << 31) - 1})
+    divisors.push_back(d);
+  uint64_t state = 88172645463325252ull;
+  for (uint32_t d : divisors) {
+    const sinkattn::FastDivmod f(d);
+    std::vector<uint32_t> xs = {0, 1, d - 1, d, d + 1, 2 * d - 1 < (1u << 31) ? 2 * d - 1 : 7, (1u << 31) - 1,
+                                (1u << 31) - 2, (1u << 31) - d};
+    for (uint32_t k = 1; k < 64; ++k) xs.push_back(static_cast<uint32_t>((uint64_t{k} * d) % (1u << 31)));
+    for (int r = 0; r < 200; ++r) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      xs.push_back(static_cast<uint32_t>(state & 0x7fffffffu));
+    }
+    for (uint32_t x : xs) {
+      if (x >= (1u << 31)) continue;  // keys are below 2^31
+      ASSERT_EQ(f.div(x), x / d) << "x " << x << " d " << d;
+      ASSERT_EQ(x - f.div(x) * d, x % d) << "x " << x << " d " << d;
+    }
+  }
+}
+

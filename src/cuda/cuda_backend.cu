@@ -215,6 +215,7 @@ Params make_params(const Call& c, const Workspace& w) {
     k.pt_st_n = c.paged.pt_n;
     k.pt_st_p = c.paged.pt_p;
     k.page_size = static_cast<int>(c.paged.page_size);
+    k.page_div = FastDivmod(static_cast<uint32_t>(c.paged.page_size));
   }
   k.num_splits = 1;
   k.b = static_cast<int>(c.b);

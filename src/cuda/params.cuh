@@ -7,6 +7,7 @@
 #include "common/rows.hpp"
 #include "common/seq.hpp"
 #include "common/sink.hpp"
+#include "core/kv_rows.hpp"
 #include "cuda/tiles.hpp"
 #include "sinkattn/sinkattn.h"
 
@@ -94,6 +95,9 @@ struct Params {
   int fwd_section;
   // log2(dropout_rscale), for the sm90 dropout forward's scaled softmax (OnlineSoftmax::step_scaled; last, as above)
   float dropout_log2_rscale;
+  // page_size as a FastDivmod (core/kv_rows.hpp): paged_kv.cuh's KvRows splits key indices into page and row with it
+  // (last, as above)
+  FastDivmod page_div;
 };
 
 // One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).

@@ -10,7 +10,7 @@
 // k_lo rounded down to 16; tiles (and pages) outside the band are never read, so a sliding window reads only the
 // window. The tiles are cut into num_splits splits of consecutive tiles; rows of a tile outside [k_lo, k_hi) are
 // zero-filled without being read (paged_kv.cuh: neither are their page-table entries). K and V tiles stream
-// through a kStages-deep cp.async ring; a tile's page-table lookups are issued one tile ahead of its copies.
+// through a kStages-deep cp.async ring.
 //
 // Warps: 4 per CTA, kWM along M (16 * kMT rows each) x WN along the keys of a tile (kBlockN / WN keys each): every
 // warp runs its own online softmax (softmax.cuh) over its keys; at the end the WN partial states of a row are
@@ -128,34 +128,19 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
       cp_async16(sQ + r * LD + cc * 8, src, ok);
     }
   }
-  // K / V tiles: every page-table lookup of the first ST - 1 tiles is issued before their copies, and in the loop
-  // tile t + ST's lookups are issued while tile t is computed (paged_kv.cuh: a lookup is a global load the copies
-  // wait on).
-  using Loader = KvTileLoader<BN, HD, NTH>;
   const KvRows kr(p, sq, n, hk);
   const T* kp = static_cast<const T*>(p.k);
   const T* vp = static_cast<const T*>(p.v);
-  auto lookup = [&](int t) {
-    const int j0 = t_base + t * BN;
-    return Loader::lookup(kr, j0, k_lo - j0, k_hi - j0, tid);
-  };
-  auto copy = [&](int t, const typename Loader::Rows& rows) {
+  auto load_tile = [&](int t) {
     const int j0 = t_base + t * BN, stage = (t - tile_lo) % ST;
-    Loader::copy(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, rows, k_lo - j0, k_hi - j0, p.d, p.d_v, tid);
+    load_kv_tiles_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
+                                     p.d, p.d_v, tid);
   };
-  {
-    typename Loader::Rows first[ST - 1];
 #pragma unroll
-    for (int s = 0; s < ST - 1; ++s)
-      if (tile_lo + s < tile_hi) first[s] = lookup(tile_lo + s);
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s) {
-      if (tile_lo + s < tile_hi) copy(tile_lo + s, first[s]);
-      cp_async_commit();  // one group per stage, empty or not, so that the wait below counts stages
-    }
+  for (int s = 0; s < ST - 1; ++s) {
+    if (tile_lo + s < tile_hi) load_tile(tile_lo + s);
+    cp_async_commit();  // one group per stage, empty or not, so that the wait below counts stages
   }
-  typename Loader::Rows ahead{};  // tile t + ST - 1's rows, looked up during tile t - 1
-  if (tile_lo + ST - 1 < tile_hi) ahead = lookup(tile_lo + ST - 1);
 
   OnlineSoftmax<NT> sm[MT];
 #pragma unroll
@@ -167,9 +152,8 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
   for (int t = tile_lo; t < tile_hi; ++t) {
     cp_async_wait<ST - 2>();  // tile t has landed
     __syncthreads();          // ... for every thread, and every warp is done with the stage refilled next
-    if (t + ST - 1 < tile_hi) copy(t + ST - 1, ahead);
+    if (t + ST - 1 < tile_hi) load_tile(t + ST - 1);
     cp_async_commit();
-    if (t + ST < tile_hi) ahead = lookup(t + ST);
     const int stage = (t - tile_lo) % ST;
     const int j0 = t_base + t * BN + warp_n * KW;  // this warp's first key
     float s[MT][NT][4];
