@@ -120,19 +120,20 @@ REASONS = {
         "warp per scheduler (ncu).",
         "2026-12-02-dropout-forward-hopper.md"),
     ("decode", "small"): (
-        "The smallest calls are already one kernel (one split) and still take about 6 us in a graph: the block's "
-        "start (Q, the page table, then the first K / V tile, dependent loads) and its end, not the split combine "
-        "(H100, 2026-12-06).",
-        "2026-12-06-named-parts-fa4-decode.md"),
+        "A one-split call is one warp per scheduler issuing its instructions at 5.9 cycles each (ncu, 8 blocks: about "
+        "2,000 per warp before the page split by a precomputed divisor, which took 10% of the kernel's SASS), behind "
+        "the chain sequence length, page table, then K / V: 5.3-6.5 us (H100, 2026-12-06).",
+        "2026-12-06-decode-page-split.md"),
     ("decode", "read"): (
-        "No split count fixes the small-batch calls (the best forced count reaches 57-60% at batch 1, 32k keys); "
-        "with few blocks each block's start (Q, page table, then K / V: dependent loads) and too few bytes in "
-        "flight per SM bound them.",
-        "2026-12-06-named-parts-fa4-decode.md"),
+        "The small-batch calls have too few warps to issue their instruction streams fast enough (batch 1, 32k keys: "
+        "344 blocks, 10.5 warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy under ncu); the split count "
+        "is worth at most a few % (sweep of R12).",
+        "2026-12-06-decode-page-split.md"),
     ("decode", "sliding"): (
-        "A block reads 32 KB of its window but holds 76 KB of shared memory for a 4-stage ring (3 blocks an SM), "
-        "and its start and end have no loads in flight; 2 splits are 1.5x slower than 1.",
-        "2026-12-06-named-parts-fa4-decode.md"),
+        "3 blocks per SM (76 KB of shared memory for a 4-stage ring; a 128-key window uses 3 stages): 11.6 warps per "
+        "SM issue 0.40 instructions per scheduler per cycle and keep DRAM 47% busy (ncu); 4 blocks per SM need 256 "
+        "bytes less per block than a 3-stage ring takes.",
+        "2026-12-06-decode-page-split.md"),
 }
 
 INTRO = """\
