@@ -54,8 +54,8 @@ constexpr SwitchDef kSwitches[] = {
       "A result or a fault suspected of the decode kernels (split-KV, paged KV); A/B of decode against prefill."},
      [](Switches& s, const char* v) { s.no_decode = flag(v); }},
     {{"SINKATTN_CUDA_NO_PDL", "1",
-      "The backward's Hopper dK dV kernel and the dq convert after it are launched one after the other, without "
-      "programmatic dependent launch.",
+      "The backward's Hopper dK dV kernel and the dq convert after it, and the decode kernel and its split combine, "
+      "are launched one after the other, without programmatic dependent launch.",
       "A profiler or driver that mishandles programmatic dependent launch, a fault suspected of its waits; its A/B."},
      [](Switches& s, const char* v) { s.no_pdl = flag(v); }},
     {{"SINKATTN_CUDA_FWD_SECTION", "N",
@@ -348,7 +348,8 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
            " query rows per sequence, fp16 / bf16, head dims up to 128, no bias / dropout",
        "Split-KV decode kernels on every GPU: the query heads of a KV group packed into one tile, the keys split "
        "over blocks (decode/decode.cu's plan, or num_splits), a combine kernel that merges the splits with the "
-       "sink counted once; contiguous or paged KV (page_table). For forward calls with at most " +
+       "sink counted once (launched with programmatic dependent launch on compute capability 9.0 and above; "
+       "SINKATTN_CUDA_NO_PDL=1: without); contiguous or paged KV (page_table). For forward calls with at most " +
            to_string(kDecodeMaxQueries) +
            " query rows per sequence (dense s_q or varlen max_seqlen_q), fp16 / bf16, head dims up to 128, no "
            "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "
