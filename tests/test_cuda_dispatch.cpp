@@ -280,14 +280,22 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   EXPECT_TRUE(has(k.summary(Pass::kForward), "decode"));
   EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kDecode);  // not a Hopper kernel
   // The split combine by programmatic dependent launch: compute capability 9.0 and above, off under
-  // SINKATTN_CUDA_NO_PDL.
-  EXPECT_TRUE(k.pdl);
+  // SINKATTN_CUDA_NO_PDL, decided apart from the backward's (KernelChoice::pdl) for the same call.
+  EXPECT_TRUE(k.decode_pdl);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "combine by programmatic dependent launch"));
-  EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).pdl);
+  EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).decode_pdl);
   Switches no_pdl;
   no_pdl.no_pdl = true;
-  EXPECT_FALSE(choose_kernels(c, kH200, no_pdl).pdl);
+  EXPECT_FALSE(choose_kernels(c, kH200, no_pdl).decode_pdl);
   EXPECT_FALSE(has(choose_kernels(c, kH200, no_pdl).summary(Pass::kForward), "programmatic"));
+  Switches no_sm90;  // the backward on the sm_80 kernels (no programmatic launch there); the decode combine keeps it
+  no_sm90.no_sm90 = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, no_sm90).pdl);
+  EXPECT_TRUE(choose_kernels(c, kH200, no_sm90).decode_pdl);
+  Call empty = c;  // no sequences: the backward's rule says no; the decode's does not depend on the sizes
+  empty.b = 0;
+  EXPECT_FALSE(choose_kernels(empty, kH200, Switches{}).pdl);
+  EXPECT_TRUE(choose_kernels(empty, kH200, Switches{}).decode_pdl);
   c.s_q = 16;
   EXPECT_EQ(choose_kernels(c, kH200, Switches{}).fwd, FwdKernel::kDecode);
   c.s_q = 17;

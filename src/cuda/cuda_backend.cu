@@ -426,7 +426,7 @@ class CudaBackend final : public Backend {
       const cuda::DecodePlan dp = cuda::plan_decode(c);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
-      return run_decode(c, dp, kc.pdl, k, st);
+      return run_decode(c, dp, kc.decode_pdl, k, st);
     }
     if (c.dtype == SINKATTN_F16) return run_typed<__half>(c, kc, w, k, st);
     return run_typed<__nv_bfloat16>(c, kc, w, k, st);

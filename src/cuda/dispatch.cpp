@@ -181,7 +181,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   };
   if (no_decode.empty()) {
     k.fwd = FwdKernel::kDecode;
-    k.pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel (KernelChoice::pdl)
+    k.decode_pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel
   } else if (c.paged.on && !no90_fwd.empty()) {
     sm80_paged(no90_fwd);
   } else if (c.paged.on && c.paged.page_size % 8 != 0) {
@@ -274,7 +274,7 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm80Paged: s = "sm80 fwd (mma.sync, paged KV)"; break;
       case FwdKernel::kDecode:
         return std::string("decode (query heads of a KV group packed per tile, split-KV + combine") +
-               (pdl ? " by programmatic dependent launch" : "") +
+               (decode_pdl ? " by programmatic dependent launch" : "") +
                "; splits from decode/decode.cu's plan or num_splits)";
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);

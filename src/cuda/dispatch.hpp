@@ -103,11 +103,13 @@ struct KernelChoice {
   // before it touches that kernel's outputs; the dK dV kernel reads K / V before: inputs the preprocess's own launch
   // waited for, hence the preprocess as its predecessor). The convert's pdl_wait waits for the dK dV grid alone, so
   // every dK dV block waits, also one past its sequence's keys (varlen) that has nothing to do.
-  // FwdKernel::kDecode on compute capability 9.0 and above: the split combine is launched so (it may start during
-  // the decode kernel's last blocks, which let it once their key loop is done, and waits in pdl_wait before it reads
-  // their partials).
   // SINKATTN_CUDA_NO_PDL=1 turns it off.
   bool pdl = false;
+  // FwdKernel::kDecode on compute capability 9.0 and above: the split combine is launched with programmatic dependent
+  // launch (it may start during the decode kernel's last blocks, which let it once their key loop is done, and waits
+  // in pdl_wait before it reads their partials). A field of its own: `pdl` above is the backward's, decided for the
+  // same call. SINKATTN_CUDA_NO_PDL=1 turns it off.
+  bool decode_pdl = false;
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

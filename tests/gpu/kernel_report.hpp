@@ -7,11 +7,11 @@
 
 namespace sinkattn_test {
 
-// "" when the call runs on no backend or not on CUDA (the CPU backend names no kernels).
-inline std::string cuda_kernels(const sinkattn_params_t& p, bool backward = false) {
+// The forward's kernels; "" when the call runs on no backend or not on CUDA (the CPU backend names no kernels).
+inline std::string cuda_kernels(const sinkattn_params_t& p) {
   char buf[4096] = {0};
   sinkattn_backend_t chosen;
-  if (sinkattn_query_backend(&p, backward ? 1 : 0, &chosen, buf, sizeof buf) != SINKATTN_OK ||
+  if (sinkattn_query_backend(&p, 0, &chosen, buf, sizeof buf) != SINKATTN_OK ||
       chosen != SINKATTN_BACKEND_CUDA)
     return "";
   const std::string s(buf);

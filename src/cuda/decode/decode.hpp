@@ -40,7 +40,7 @@ DecodePlan plan_decode(const Call& c);
 void bind_decode(const DecodePlan& plan, void* workspace, Params* p);
 
 // The decode kernel, and the combine when the plan splits, on `stream`; pdl: the combine with programmatic dependent
-// launch (KernelChoice::pdl).
+// launch (KernelChoice::decode_pdl).
 template <typename T>
 cudaError_t launch_decode(const Params& p, const DecodePlan& plan, bool pdl, cudaStream_t stream);
 
