@@ -229,21 +229,60 @@ TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
   EXPECT_TRUE(has(a.summary(Pass::kBackward), "compute capability 8.0"));
 }
 
-TEST(CudaDispatch, ShortWindowForwardStaysOnSm80) {
+TEST(CudaDispatch, ShortWindowForwardRunsTheWindowVariant) {
   const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
   const KernelChoice k = choose_kernels(c, kH200, Switches{});
-  EXPECT_EQ(k.fwd, FwdKernel::kSm80);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k.fwd_consumers, tiles::kSm90WsWindowConsumers);
+  EXPECT_EQ(k.fwd_q_stages, 2);
   EXPECT_EQ(k.fwd_block_m, 128);
-  EXPECT_EQ(k.fwd_block_n, 64);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "255 keys per 128 query rows"));
+  EXPECT_EQ(k.fwd_block_n, 128);
+  EXPECT_EQ(k.summary(Pass::kForward),
+            "hopper fwd (wgmma, warp-specialised: producer warp + 2 consumer warpgroups, persistent, short-window "
+            "variant: Q in 2 buffers), tile 128 x 128, TMA");
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);  // the backward has no such rule
-  // 128 + 383 = 511 < 512 stays; 128 + 384 = 512 goes to the Hopper kernel.
-  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 383, 0), kH200, Switches{}).fwd, FwdKernel::kSm80);
-  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 384, 0), kH200, Switches{}).fwd,
-            FwdKernel::kSm90Ws);
+  // At tile 128 too; 128 + 895 = 1023 < 1024 is short; 128 + 896 = 1024 runs the default variant.
+  const KernelChoice k128 = choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, 127, 0), kH200, Switches{});
+  EXPECT_EQ(k128.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k128.fwd_q_stages, 2);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 895, 0), kH200, Switches{}).fwd_q_stages, 2);
+  const KernelChoice wide = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 896, 0), kH200, Switches{});
+  EXPECT_EQ(wide.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(wide.fwd_q_stages, 1);
+  EXPECT_EQ(wide.fwd_consumers, 3);
   // A window on one side only is not short.
-  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 10, -1), kH200, Switches{}).fwd,
-            FwdKernel::kSm90Ws);
+  const KernelChoice left = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 10, -1), kH200, Switches{});
+  EXPECT_EQ(left.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(left.fwd_q_stages, 1);
+  // No window variant with bias or dropout: the sm_80 forward, which says why.
+  Call cb = c;
+  cb.plan.bias = Use::kRequired;
+  const KernelChoice kb = choose_kernels(cb, kH200, Switches{});
+  EXPECT_EQ(kb.fwd, FwdKernel::kSm80Extra);
+  EXPECT_TRUE(has(kb.summary(Pass::kForward), "255 keys per 128 query rows")) << kb.summary(Pass::kForward);
+  EXPECT_TRUE(has(kb.summary(Pass::kForward), "without bias, dropout or paged KV")) << kb.summary(Pass::kForward);
+  Call cd = c;
+  cd.plan.dropout = true;
+  EXPECT_EQ(choose_kernels(cd, kH200, Switches{}).fwd, FwdKernel::kSm80Extra);
+  // Those keep the default variants from kSm90FwdMinWindowKeys keys: 128 + 383 = 511 < 512 stays on sm_80, 512 not.
+  cb.window_left = 383;
+  EXPECT_EQ(choose_kernels(cb, kH200, Switches{}).fwd, FwdKernel::kSm80Extra);
+  cb.window_left = 384;
+  const KernelChoice kb384 = choose_kernels(cb, kH200, Switches{});
+  EXPECT_EQ(kb384.fwd, FwdKernel::kSm90Ws);
+  EXPECT_TRUE(kb384.bias);
+  EXPECT_EQ(kb384.fwd_q_stages, 1);
+  // SINKATTN_CUDA_NO_WINDOW_VARIANT: the kernels of the other windows.
+  Switches off;
+  off.no_window_variant = true;
+  EXPECT_EQ(choose_kernels(c, kH200, off).fwd, FwdKernel::kSm80);
+  const KernelChoice off895 = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 895, 0), kH200, off);
+  EXPECT_EQ(off895.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(off895.fwd_q_stages, 1);
+  EXPECT_EQ(off895.fwd_consumers, 3);
+  // Off Hopper the sm_80 forward, as for every call.
+  EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd, FwdKernel::kSm80);
+  EXPECT_EQ(choose_kernels(c, kA100, Switches{}).fwd_q_stages, 1);
 }
 
 // The warp-specialised forward's consumer warpgroups, one count per variant (tiles::sm90_ws_*_consumers; launch.cuh
@@ -569,10 +608,14 @@ TEST(CudaDispatch, WideTilesForwardOnHopper) {
     EXPECT_EQ(kd.fwd, FwdKernel::kSm80Extra) << d;
     EXPECT_EQ(kd.dkdv, DkvKernel::kSm80Extra) << d;
     EXPECT_TRUE(has(kd.summary(Pass::kForward), "no Hopper dropout forward for head-dim tile")) << d;
-    // A short window keeps the sm_80 forward, as at the other tiles.
-    EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, d, 4096, 16, 16, 127, 0), kH200, Switches{}).fwd,
-              FwdKernel::kSm80)
-        << d;
+    // A short window: the sm_80 forward below 512 keys per 128 rows (the short-window variant is compiled at tiles
+    // 64 and 128 only), the default variant from there.
+    const KernelChoice kw = choose_kernels(make_call(SINKATTN_BF16, d, 4096, 16, 16, 127, 0), kH200, Switches{});
+    EXPECT_EQ(kw.fwd, FwdKernel::kSm80) << d;
+    EXPECT_TRUE(has(kw.summary(Pass::kForward), "255 keys per 128 query rows")) << d;
+    const KernelChoice kw384 = choose_kernels(make_call(SINKATTN_BF16, d, 4096, 16, 16, 384, 0), kH200, Switches{});
+    EXPECT_EQ(kw384.fwd, FwdKernel::kSm90Ws) << d;
+    EXPECT_EQ(kw384.fwd_q_stages, 1) << d;
   }
 }
 
@@ -695,7 +738,7 @@ TEST(CudaDispatch, SwitchTable) {
   ASSERT_EQ(n_docs, n);
   const auto same = [](const Switches& a, const Switches& b) {
     return a.no_sm90 == b.no_sm90 && a.no_tma == b.no_tma && a.det_sm80 == b.det_sm80 && a.no_decode == b.no_decode &&
-           a.no_pdl == b.no_pdl && a.fwd_section == b.fwd_section;
+           a.no_pdl == b.no_pdl && a.no_window_variant == b.no_window_variant && a.fwd_section == b.fwd_section;
   };
   static std::string name, value;  // the one variable the lookup below sets
   const auto env = [](const char* v) -> const char* { return v == name ? value.c_str() : nullptr; };
@@ -742,6 +785,7 @@ TEST(CudaDispatch, KernelFamilies) {
   for (const std::string s : {"src/cuda/hopper/fwd_sm90_ws.cuh", "src/cuda/hopper/bwd_dkdv_sm90.cuh",
                               "src/cuda/hopper/bwd_dkdv_sm90_wide.cuh", "src/cuda/decode/", "src/cuda/fp32/"})
     EXPECT_TRUE(has(all, s)) << s;
+  EXPECT_TRUE(has(all, std::to_string(tiles::kSm90FwdWindowKeys) + " keys per"));
   EXPECT_TRUE(has(all, std::to_string(tiles::kSm90FwdMinWindowKeys) + " keys per"));
 }
 

@@ -58,6 +58,11 @@ constexpr SwitchDef kSwitches[] = {
       "are launched one after the other, without programmatic dependent launch.",
       "A profiler or driver that mishandles programmatic dependent launch, a fault suspected of its waits; its A/B."},
      [](Switches& s, const char* v) { s.no_pdl = flag(v); }},
+    {{"SINKATTN_CUDA_NO_WINDOW_VARIANT", "1",
+      "Short sliding windows do not run the warp-specialised forward's short-window variant: the sm_80 forward "
+      "below 512 keys per 128 query rows, the default Hopper variant above.",
+      "A fault suspected of the short-window variant; its A/B against those kernels."},
+     [](Switches& s, const char* v) { s.no_window_variant = flag(v); }},
     {{"SINKATTN_CUDA_FWD_SECTION", "N",
       "The warp-specialised Hopper forward walks its tiles in L2 sections of N (head, sequence) pairs; 0: no "
       "sections (the plain longest-first order). Unset: the pairs whose K / V fit 5/8 of the L2.",
@@ -191,17 +196,24 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided
   } else if (no90_fwd.empty() && c.window_left >= 0 && c.window_right >= 0) {
+    // A short sliding window: the warp-specialised forward's short-window variant where it exists; else the sm_80
+    // forward below kSm90FwdMinWindowKeys keys per kSm90FwdWindowRows query rows (tiles.hpp says why).
     const int64_t keys = tiles::kSm90FwdWindowRows + c.window_left + c.window_right;
-    if (keys < tiles::kSm90FwdMinWindowKeys)
+    const bool window_variant = tiles::sm90_ws_window(k.tile) && !extra && !c.paged.on && !sw.no_window_variant;
+    if (window_variant && keys < tiles::kSm90FwdWindowKeys)
+      k.fwd_q_stages = tiles::kSm90WsWindowQStages;
+    else if (!window_variant && keys < tiles::kSm90FwdMinWindowKeys)
       k.fwd_why = "the window spans " + std::to_string(keys) + " keys per " +
                   std::to_string(tiles::kSm90FwdWindowRows) + " query rows (fewer than " +
-                  std::to_string(tiles::kSm90FwdMinWindowKeys) + ": the sm_80 forward is faster there)";
+                  std::to_string(tiles::kSm90FwdMinWindowKeys) +
+                  ": the sm_80 forward is faster there; the short-window Hopper variant: tiles 64 and 128 without "
+                  "bias, dropout or paged KV)";
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided above
   } else if (no90_fwd.empty() && k.fwd_why.empty()) {
     k.fwd = FwdKernel::kSm90Ws;
-    k.fwd_consumers = ws_consumers(k.tile, k.bias, dropout);
+    k.fwd_consumers = k.fwd_q_stages > 1 ? tiles::kSm90WsWindowConsumers : ws_consumers(k.tile, k.bias, dropout);
     k.fwd_block_m = 64 * k.fwd_consumers;
     k.fwd_block_n = tiles::sm90_ws_block_n(k.tile);
     k.fwd_sms = dev.sms;
@@ -265,7 +277,7 @@ std::string KernelChoice::summary(Pass pass) const {
     switch (fwd) {
       case FwdKernel::kSm90Ws:
         s = "hopper fwd (wgmma, warp-specialised: producer warp + " + std::to_string(fwd_consumers) +
-            " consumer warpgroups, persistent" +
+            " consumer warpgroups, persistent" + (fwd_q_stages > 1 ? ", short-window variant: Q in 2 buffers" : "") +
             (bias ? (fwd_bias_tma ? ", bias tiles by TMA" : ", bias") : "") +
             (dropout ? ", dropout, keep bits drawn by the consumers and the producer warpgroup" : "") + ")";
         break;
@@ -355,9 +367,7 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
            "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "
            "kernels."},
       {"hopper fwd", "src/cuda/hopper/fwd_sm90_ws.cuh",
-       "forward on compute capability 9.0, tiles 64 to 256 (bias / dropout: 64, 128); a sliding window of " +
-           to_string(tiles::kSm90FwdMinWindowKeys) + "+ keys per " + to_string(tiles::kSm90FwdWindowRows) +
-           " query rows",
+       "forward on compute capability 9.0, tiles 64 to 256 (bias / dropout, short sliding windows: 64, 128)",
        "The warp-specialised forward on warpgroup MMA (wgmma): a producer warp loads Q and K / V into a two-stage "
        "ring (by TMA where a block lies in the sequence, by cp.async past its end, where a tensor map does not fit "
        "the call and with SINKATTN_CUDA_NO_TMA=1; paged KV: TMA boxes of gcd(page_size, keys per step) rows of one "
@@ -369,12 +379,17 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
        "loaded per thread. Dropout variant (tiles 64 and 128, 2 consumers): the keep bits drawn by the consumers "
        "and the producer warpgroup. Needs the library's sm_90a code (SINKATTN_CUDA_NO_SM90=1 turns every Hopper "
        "kernel off); not with both bias and dropout, not for paged KV with a page size that is not a multiple of "
-       "8, not for a window bounded on both sides (a sliding window) that spans fewer than " +
+       "8. A window bounded on both sides (a sliding window) that spans fewer than " +
+           to_string(tiles::kSm90FwdWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
+           " query rows runs the short-window variant (2 consumers, Q in 2 buffers, so that the next tile's Q loads "
+           "while the consumers finish the current one) at tiles 64 and 128 without bias, dropout or paged KV; any "
+           "other that spans fewer than " +
            to_string(tiles::kSm90FwdMinWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
-           " query rows: the sm_80 forward is faster there."},
+           " query rows runs the sm_80 forward, which is faster there (SINKATTN_CUDA_NO_WINDOW_VARIANT=1: this rule "
+           "for every short window)."},
       {"sm80 fwd", "src/cuda/fwd_kernel.cuh",
-       "every other fp16 / bf16 forward: other GPUs, tiles 32 and 96, bias with dropout, short sliding windows, "
-       "paged KV, pages not a multiple of 8",
+       "every other fp16 / bf16 forward: other GPUs, tiles 32 and 96, bias with dropout, other short "
+       "windows, paged KV, pages not a multiple of 8",
        "FlashAttention-2-style forward on mma.sync m16n8k16 with cp.async tile loads, 4 warps, 128 query rows "
        "per block (64 at tiles 192 and 256). Variants: lean (no bias, no dropout; 64 keys per step at tile 128), "
        "bias / dropout, and paged KV (K / V rows read through the page table)."},

@@ -30,6 +30,7 @@ struct Switches {
   bool det_sm80 = false;   // SINKATTN_CUDA_DET_SM80
   bool no_decode = false;  // SINKATTN_CUDA_NO_DECODE
   bool no_pdl = false;     // SINKATTN_CUDA_NO_PDL
+  bool no_window_variant = false;  // SINKATTN_CUDA_NO_WINDOW_VARIANT
   int fwd_section = -1;    // SINKATTN_CUDA_FWD_SECTION; -1: the L2 rule (fwd_section_pairs)
 };
 // A row of the switch table: what `sinkattn info` shows (name, values, effect, use) and how the variable's value
@@ -87,6 +88,7 @@ struct KernelChoice {
   // driver refuses the description or the address is not a 16-byte multiple.
   bool fwd_bias_tma = false, dkdv_bias_tma = false;
   int fwd_consumers = 0;         // kSm90Ws: consumer warpgroups (tiles::sm90_ws_*_consumers)
+  int fwd_q_stages = 1;          // kSm90Ws: Q buffers (2: the short-window variant, tiles::sm90_ws_window)
   int fwd_sms = 0;               // kSm90Ws (persistent blocks, one per SM): the device's SMs (DeviceProps::sms; 0: the
                                  // launcher asks)
   // kSm90Ws: (head, sequence) pairs per L2 section of the tile order (scheduler.hpp, fwd_section_pairs; 0: one

@@ -132,11 +132,11 @@ sm90::Sm90FwdTma fwd_tma_maps(const Params& p, const KernelChoice& kc, int block
 }
 
 // The warp-specialised Hopper forward with NC consumer warpgroups (hopper/fwd_sm90_ws.cuh); kPaged: K / V through
-// the page table.
-template <typename T, int HD, int NC, bool kBias = false, bool kDropout = false, bool kPaged = false>
+// the page table; QS: Q buffers (2: the short-window variant).
+template <typename T, int HD, int NC, bool kBias = false, bool kDropout = false, bool kPaged = false, int QS = 1>
 cudaError_t launch_fwd_ws(const Params& p, const KernelChoice& kc, cudaStream_t stream) {
-  using TrW = sm90::FwdWsTraits<HD, NC, kBias, kDropout>;
-  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias, kDropout, kPaged>;
+  using TrW = sm90::FwdWsTraits<HD, NC, kBias, kDropout, QS>;
+  const auto kernel = sm90::fwd_sm90_ws_kernel<T, HD, NC, kBias, kDropout, kPaged, QS>;
   cudaError_t e = prepare_smem(kernel, TrW::kSmem);
   if (e != cudaSuccess) return e;
   const sm90::Sm90FwdTma tma = fwd_tma_maps<T>(p, kc, TrW::kBlockM, TrW::kBlockN);
@@ -165,8 +165,18 @@ cudaError_t launch_fwd(const Params& p, const KernelChoice& kc, cudaStream_t str
   switch (kc.fwd) {
     case FwdKernel::kSm90Ws:
       // One consumer count per variant (tiles::sm90_ws_*_consumers; dispatch.cpp, ws_consumers): the plain variant
-      // at every tile of tiles::has_sm90_fwd_ws, the dropout and bias variants (not both) at tiles 64 and 128.
+      // at every tile of tiles::has_sm90_fwd_ws, the dropout and bias variants (not both) at tiles 64 and 128, the
+      // short-window variant (plain, Q in 2 buffers) at tiles::sm90_ws_window.
       if constexpr (tiles::has_sm90_fwd_ws(HD)) {
+        if (kc.fwd_q_stages != 1) {
+          if constexpr (tiles::sm90_ws_window(HD)) {
+            constexpr int kNC = tiles::kSm90WsWindowConsumers, kQS = tiles::kSm90WsWindowQStages;
+            if (kc.bias || kc.dropout || kc.fwd_paged || kc.fwd_consumers != kNC || kc.fwd_q_stages != kQS)
+              return cudaErrorInvalidValue;
+            return launch_fwd_ws<T, HD, kNC, false, false, false, kQS>(p, kc, stream);
+          }
+          return cudaErrorInvalidValue;
+        }
         if (kc.fwd_paged) {  // paged KV: the plain variant (validation refuses bias / dropout with a page table)
           constexpr int kNC = tiles::sm90_ws_default_consumers(HD);
           if (kc.bias || kc.dropout || kc.fwd_consumers != kNC) return cudaErrorInvalidValue;

@@ -66,13 +66,21 @@ constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ?
 constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 
 // Forward windows on the Hopper kernel: a window bounded on both sides that leaves kSm90FwdWindowRows query rows
-// fewer keys than kSm90FwdMinWindowKeys (rows + window_left + window_right) stays on the sm_80 forward (H200, GPT-OSS
-// sliding layer, window 127: 102.1 / 103.0 TFLOP/s on the sm_80 forward against 90.5 / 90.8 on the first,
-// software-pipelined Hopper forward, bench/log/2026-11-30-hopper-forward.md; 0.168-0.170 ms against 0.211-0.216 on
-// the warp-specialised one, bench/log/2026-12-05-deterministic-per-step-turns.md; one or two blocks per SM spend much
-// of a short block in the pipeline prologue).
+// fewer keys than kSm90FwdWindowKeys (rows + window_left + window_right) runs the warp-specialised forward's
+// short-window variant at tiles 64 and 128 without bias / dropout / paged KV (sm90_ws_window); any other window that
+// leaves them fewer than kSm90FwdMinWindowKeys runs the sm_80 forward. The default variants spend much of a short
+// tile in the pipeline prologue and, with 3 consumers at tile 64 (192 query rows, 3-4 key blocks of 128 for a
+// 127-key window), on masked keys (H200, GPT-OSS sliding layer, window 127: 0.211-0.216 ms against 0.168-0.170 on
+// the sm_80 forward, bench/log/2026-12-05-deterministic-per-step-turns.md).
 constexpr int kSm90FwdWindowRows = 128;
 constexpr int kSm90FwdMinWindowKeys = 512;
+constexpr int kSm90FwdWindowKeys = 1024;
+// The short-window variant: 2 consumers (128 query rows: a 127-key window's rows see 2 key blocks of 128, where 192
+// rows see 3 or 4) and Q in 2 buffers (a tile is a few key blocks, so the next tile's Q loads while the consumers
+// finish the current one).
+constexpr bool sm90_ws_window(int hd) { return has_sm90(hd); }
+constexpr int kSm90WsWindowConsumers = 2;
+constexpr int kSm90WsWindowQStages = 2;
 // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
 // step up to tile 128, 64 at tiles 192 / 256 (the two-stage K / V ring and a 128-row Q tile fit the 227 KiB of shared
 // memory: 192 KiB at 256; the O accumulator takes 96 / 128 registers a thread); consumer warpgroups by default

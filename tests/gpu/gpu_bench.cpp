@@ -70,7 +70,13 @@ int main(int argc, char** argv) {
                           {"mha-d128+dropout", 2, 4096, 32, 32, 128, -1, false, false, 0.1, true},
                           {"hd256", 2, 4096, 16, 16, 256, -1, false, false, 0.0, true},
                           {"gpt-oss-full-16k", 1, 16384, 64, 8, 64, -1, true, false, 0.0, true},
-                          {"mha-d128-16k", 1, 16384, 32, 32, 128, -1, false, false, 0.0, true}};
+                          {"mha-d128-16k", 1, 16384, 32, 32, 128, -1, false, false, 0.0, true},
+                          // the short-window forward's rule (tiles::kSm90FwdWindowKeys) at other windows and tile 128
+                          {"gpt-oss-sliding-w255", 2, 4096, 64, 8, 64, 255, true, false, 0.0, true},
+                          {"gpt-oss-sliding-w511", 2, 4096, 64, 8, 64, 511, true, false, 0.0, true},
+                          {"gpt-oss-sliding-w895", 2, 4096, 64, 8, 64, 895, true, false, 0.0, true},
+                          {"mha-d128-sliding-w127", 2, 4096, 32, 32, 128, 127, false, false, 0.0, true},
+                          {"mha-d128-sliding-w511", 2, 4096, 32, 32, 128, 511, false, false, 0.0, true}};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gpu_bench on %s, bf16, causal, %d reps (median of per-call times)\n", prop.name, reps);

@@ -26,7 +26,8 @@
 // Tiles (kBlockM query rows of one (sequence, head)) in scheduler.hpp's longest-first order over the whole launch (in
 // L2 sections of p.fwd_section heads):
 // block b takes tiles b, b + gridDim.x, ... (persistent blocks, one per SM: the producer loads the next tile's Q and
-// K / V while the consumers finish and store the current one; Q is released through a q_empty barrier), or one tile
+// K / V while the consumers finish and store the current one; Q is released through a q_empty barrier, and the
+// short-window variant (QS = 2 Q buffers, tiles::sm90_ws_window) loads the next tile's Q before that), or one tile
 // per block when the grid has a block per tile. Masks, sinks and LSE conventions are the sm_80 kernel's. Paged KV
 // (kPaged): the producer warp reads K / V through the page table (paged_kv_sm90.cuh), the consumers are unchanged.
 // This file: the traits, the shared-memory layout (FwdWsSmem), the tile order (fwd_ws_tile), the producer warp's
@@ -53,7 +54,7 @@
 
 namespace sinkattn::cuda::sm90 {
 
-template <int HD, int NC_ = 2, bool kBias_ = false, bool kDropout_ = false>
+template <int HD, int NC_ = 2, bool kBias_ = false, bool kDropout_ = false, int QS_ = 1>
 struct FwdWsTraits {
   static constexpr int kHeadDim = HD;
   static constexpr int kNC = NC_;                 // consumer warpgroups
@@ -63,6 +64,10 @@ struct FwdWsTraits {
   static_assert(tiles::has_sm90_fwd_ws(HD) && (tiles::has_sm90(HD) || (!kBias_ && !kDropout_)),
                 "bias / dropout variants at tiles 64 and 128 only");
   static constexpr int kStages = 2;               // K and V buffers each
+  // Q buffers: 2 in the short-window variant (tiles::kSm90WsWindowQStages), whose tiles have a few key blocks
+  // each, so that the next tile's Q loads while the consumers finish the current one; else 1.
+  static constexpr int kQStages = QS_;
+  static_assert(QS_ == 1 || (!kBias_ && !kDropout_), "Q ring: the plain variant");
   // kDropout: warps 1 .. 3 of the producer warpgroup draw the keep bits of the slices the consumers leave
   // (fwd_keep_producer) and need registers for their Philox chains; the consumers give up what the producer
   // warpgroup takes (setmaxnreg, within the block's launch allocation: 168 a thread at 384 threads).
@@ -88,10 +93,10 @@ struct FwdWsTraits {
   // (Dropout::keep_bits, while S and P V run), the producer the rest (chunks kConsumerSlices / 2 ..).
   static constexpr int kConsumerSlices = kDropout_ ? tiles::sm90_ws_dropout_consumer_slices(HD) : 0;
   static_assert(kConsumerSlices % 2 == 0 && kConsumerSlices < kBlockN / 8, "whole 16-key chunks to the producer");
-  // Barriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S];
+  // Barriers: q_full[QS], q_empty[QS], k_full[S], k_empty[S], v_full[S], v_empty[S] (kBias: b_full[S], b_empty[S];
   // kDropout: keep_full[KS], keep_empty[KS])
-  static constexpr int kBars = 2 + 4 * kStages + 2 * kBiasStages + 2 * kKeepStages;
-  static constexpr int kSmem = (kBlockM * HD + 2 * kStages * kBlockN * HD + kBiasStages * kBiasTile +
+  static constexpr int kBars = 2 * kQStages + 4 * kStages + 2 * kBiasStages + 2 * kKeepStages;
+  static constexpr int kSmem = (kQStages * kBlockM * HD + 2 * kStages * kBlockN * HD + kBiasStages * kBiasTile +
                                 kKeepStages * kKeepTile) * 2 +
                                kBars * 8 + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
@@ -111,29 +116,29 @@ __device__ __forceinline__ void cp_async_arrive_warp(uint64_t* bar, int lane) {
 }
 
 // The shared memory of fwd_sm90_ws_kernel, in this order from a base aligned to 1024 bytes (FwdWsTraits has the
-// sizes): sQ [BM][HD]; sK, sV [S][BN][HD] (the two-stage K / V ring; 16-bit tiles in the swizzled row panels);
+// sizes): sQ [QS][BM][HD]; sK, sV [S][BN][HD] (the two-stage K / V ring; 16-bit tiles in the swizzled row panels);
 // kBias: sB [S][BM * BN] (the bias tiles, a ring beside K's); kDropout: sKeep [KS][BM][BN / 16] uint16 (the keep
-// bits of the slices the producer draws); the mbarriers: q_full, q_empty, k_full[S], k_empty[S], v_full[S],
+// bits of the slices the producer draws); the mbarriers: q_full[QS], q_empty[QS], k_full[S], k_empty[S], v_full[S],
 // v_empty[S] (kBias: b_full[S], b_empty[S]; kDropout: keep_full[KS], keep_empty[KS]). A "full" barrier completes
 // when a stage's loads have landed (one arrival and the TMA bytes, or the loading warp's cp.async arrival), an
 // "empty" one when every consumer warp (one arrival each) is done with it.
 template <typename T, typename Tr>
 struct FwdWsSmem {
   static constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages, NC = Tr::kNC;
-  static constexpr int KS = Tr::kKeepStages;
+  static constexpr int KS = Tr::kKeepStages, QS = Tr::kQStages;
   T *sQ, *sK, *sV, *sB;
   uint16_t* sKeep;
   uint64_t *q_full, *q_empty, *k_full, *k_empty, *v_full, *v_empty, *b_full, *b_empty, *keep_full, *keep_empty;
   __device__ __forceinline__ explicit FwdWsSmem(unsigned char* smem_raw) {
     sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-    sK = sQ + BM * HD;
+    sK = sQ + QS * BM * HD;
     sV = sK + S * BN * HD;
     sB = sV + S * BN * HD;
     sKeep = reinterpret_cast<uint16_t*>(sB + Tr::kBiasStages * Tr::kBiasTile);
     uint64_t* bars = reinterpret_cast<uint64_t*>(sKeep + Tr::kKeepStages * Tr::kKeepTile);
     q_full = bars;
-    q_empty = bars + 1;
-    k_full = bars + 2;
+    q_empty = bars + QS;
+    k_full = bars + 2 * QS;
     k_empty = k_full + S;
     v_full = k_empty + S;
     v_empty = v_full + S;
@@ -145,8 +150,10 @@ struct FwdWsSmem {
   // Thread 0, before the block's first barrier: a full barrier takes one arrival, an empty one an arrival per
   // consumer warp (keep_full: one per producer thread).
   __device__ __forceinline__ void init_barriers() const {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 4 * NC);
+    for (int q = 0; q < QS; ++q) {
+      mbar_init(&q_full[q], 1);
+      mbar_init(&q_empty[q], 4 * NC);
+    }
     for (int s = 0; s < S; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
@@ -211,9 +218,9 @@ template <typename T, typename Tr, bool kPaged, typename TileAt>
 __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& tma, const FwdWsSmem<T, Tr>& sm,
                                             const TileAt& tile_at, int num_tiles, int lane, bool bias_smem,
                                             int role = kLoadAll) {
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, HD = Tr::kHeadDim, S = Tr::kStages, QS = Tr::kQStages;
   int it = 0;  // key blocks loaded so far by this block (stage it % S, use it / S)
-  int qi = 0;  // Q tiles loaded so far
+  int qi = 0;  // Q tiles loaded so far (buffer qi % QS, use qi / QS)
   for (int64_t L = blockIdx.x; L < num_tiles; L += gridDim.x) {
     const FwdWsTile t = tile_at(L);
     if (t.nblocks == 0) continue;
@@ -228,16 +235,18 @@ __device__ __forceinline__ void fwd_ws_load(const Params& p, const Sm90FwdTma& t
     };
     PagedChunk next_at = lookup(t.nb_lo);
     // Q: TMA when every row of the block lies in the sequence, else cp.async (rows past len_q zero-filled),
-    // once the consumers have released the previous tile's Q.
+    // once the consumers have released the Q tile QS tiles back.
     if (role != kLoadV) {
-      mbar_wait(sm.q_empty, (qi & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
+      const int qs = qi % QS;
+      T* sQ = sm.sQ + qs * BM * HD;
+      mbar_wait(&sm.q_empty[qs], ((qi / QS) & 1) ^ 1);  // a fresh barrier's previous phase counts as complete
       if (tma.ok != 0 && t.m0 + BM <= sq.len_q) {
         if (lane == 0)
-          tma_load_tile_sw<BM, HD>(sm.sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, sm.q_full);
+          tma_load_tile_sw<BM, HD>(sQ, &tma.q, static_cast<int>(sq.q_start) + t.m0, t.h, nbatch, &sm.q_full[qs]);
       } else {
         const T* qg = row_ptr<const T>(p.q, p.q_st, t.n, sq.q_start + t.m0, t.h);
-        load_tile_sw_rolled<BM, HD>(sm.sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
-        cp_async_arrive_warp(sm.q_full, lane);
+        load_tile_sw_rolled<BM, HD>(sQ, qg, p.q_st.s, sq.len_q - t.m0, p.d, lane, 32);
+        cp_async_arrive_warp(&sm.q_full[qs], lane);
       }
     }
     ++qi;
@@ -352,12 +361,12 @@ __device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSme
                                                  int num_tiles, int c, int ctid, int wl, int lane,
                                                  bool bias_smem) {
   constexpr int BN = Tr::kBlockN, NT = BN / 8, NO = Tr::kHeadDim / 8, NC = Tr::kNC, S = Tr::kStages;
+  constexpr int QS = Tr::kQStages;
   const int my_bar = 1 + c, next_bar = 1 + (c + 1) % NC;
   auto my_turn = [&] { named_bar_sync(my_bar, 256); };
   auto pass_turn = [&] { named_bar_arrive(next_bar, 256); };
   auto full_parity = [](int it) { return static_cast<uint32_t>((it / S) & 1); };
-  const T* sQ_wg = smem.sQ + c * 64 * 64;  // rows 64 c .. 64 c + 63 of every panel
-  int it = 0, qi = 0;
+  int it = 0, qi = 0;  // key blocks and Q tiles taken so far (ring positions, as the producer counts them)
   // The turns run round robin over every tile of the block (each consumer takes nblocks + 1 turns per tile), so
   // a consumer can never arrive twice at a barrier whose phase is still open: consumer NC - 1 opens the first
   // turn here and consumer 0 takes its last arrival after the loop.
@@ -382,7 +391,9 @@ __device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSme
     zero_acc(acc);
 
     if (nblocks > 0) {
-      mbar_wait(smem.q_full, qi & 1);
+      const int qs = qi % QS;
+      const T* sQ_wg = smem.sQ + qs * Tr::kBlockM * Tr::kHeadDim + c * 64 * 64;  // rows 64 c .. of every panel
+      mbar_wait(&smem.q_full[qs], (qi / QS) & 1);
       // The steps of fwd_sm90_mainloop.cuh on the key block of ring position k_it / v_it (stage % S).
       auto issue_s = [&](float (&s)[NT][4], int k_it) {
         fwd_issue_s<T, Tr::kBlockM, Tr::kHeadDim>(s, sQ_wg, smem.sK + (k_it % S) * BN * Tr::kHeadDim);
@@ -438,7 +449,7 @@ __device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSme
       wgmma_wait<0>();
       fence_acc(acc);
       release_warp(&smem.v_empty[last % S], lane);
-      release_warp(smem.q_empty, lane);  // every wgmma of this tile that reads Q has retired
+      release_warp(&smem.q_empty[qs], lane);  // every wgmma of this tile that reads Q has retired
       it += nblocks;
       ++qi;
     }
@@ -459,13 +470,13 @@ __device__ __forceinline__ void fwd_ws_consumers(const Params& p, const FwdWsSme
 // large sink makes P subnormal in fp16 (10x the plain error at p = 0.9; tests/gpu/cases/edge-cases-sinkattn.json
 // dropout-fwd-ws-fp16-sink-subnormal-p). kPaged: the plain variant for paged KV (a prefill chunk reading K / V
 // through the page table): only the loading warp differs (fwd_ws_load, paged_kv_sm90.cuh).
-template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false, bool kPaged = false>
-__global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout>::kThreads, 1)
+template <typename T, int HD, int NC_, bool kBias = false, bool kDropout = false, bool kPaged = false, int QS = 1>
+__global__ void __launch_bounds__(FwdWsTraits<HD, NC_, kBias, kDropout, QS>::kThreads, 1)
     fwd_sm90_ws_kernel(const Params p, const __grid_constant__ Sm90FwdTma tma, const int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias && kDropout), "no variant with both (dispatch.cpp)");
   static_assert(!kPaged || (!kBias && !kDropout), "paged KV: the plain variant (validation refuses bias / dropout)");
-  using Tr = FwdWsTraits<HD, NC_, kBias, kDropout>;
+  using Tr = FwdWsTraits<HD, NC_, kBias, kDropout, QS>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const FwdWsSmem<T, Tr> smem(smem_raw);
