@@ -229,22 +229,34 @@ TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
   EXPECT_TRUE(has(a.summary(Pass::kBackward), "compute capability 8.0"));
 }
 
-TEST(CudaDispatch, ShortWindowForwardRunsTheWindowVariant) {
+// Short sliding windows (tiles.hpp, kSm90FwdWindowKeys): the Hopper forward's short-window variant at tile 128, and at
+// tile 64 from 512 keys per 128 rows; the sm_80 forward below that at tile 64 (GPT-OSS's 127-key window).
+TEST(CudaDispatch, ShortWindowForward) {
   const Call c = make_call(SINKATTN_BF16, 64, 4096, 64, 8, 127, 0, true);
   const KernelChoice k = choose_kernels(c, kH200, Switches{});
-  EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
-  EXPECT_EQ(k.fwd_consumers, tiles::kSm90WsWindowConsumers);
-  EXPECT_EQ(k.fwd_q_stages, 2);
+  EXPECT_EQ(k.fwd, FwdKernel::kSm80);
   EXPECT_EQ(k.fwd_block_m, 128);
-  EXPECT_EQ(k.fwd_block_n, 128);
-  EXPECT_EQ(k.summary(Pass::kForward),
+  EXPECT_EQ(k.fwd_block_n, 64);
+  EXPECT_EQ(k.fwd_q_stages, 1);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "255 keys per 128 query rows")) << k.summary(Pass::kForward);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "tile 64 from 512 keys")) << k.summary(Pass::kForward);
+  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);  // the backward has no such rule
+  // 128 + 383 = 511 < 512 stays; 128 + 384 = 512 runs the short-window variant.
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 383, 0), kH200, Switches{}).fwd, FwdKernel::kSm80);
+  const KernelChoice k384 = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 64, 8, 384, 0), kH200, Switches{});
+  EXPECT_EQ(k384.fwd, FwdKernel::kSm90Ws);
+  EXPECT_EQ(k384.fwd_consumers, tiles::kSm90WsWindowConsumers);
+  EXPECT_EQ(k384.fwd_q_stages, 2);
+  EXPECT_EQ(k384.fwd_block_m, 128);
+  EXPECT_EQ(k384.fwd_block_n, 128);
+  EXPECT_EQ(k384.summary(Pass::kForward),
             "hopper fwd (wgmma, warp-specialised: producer warp + 2 consumer warpgroups, persistent, short-window "
             "variant: Q in 2 buffers), tile 128 x 128, TMA");
-  EXPECT_EQ(k.dkdv, DkvKernel::kSm90);  // the backward has no such rule
-  // At tile 128 too; 128 + 895 = 1023 < 1024 is short; 128 + 896 = 1024 runs the default variant.
+  // Tile 128: from the shortest window; 128 + 895 = 1023 < 1024 is short; 128 + 896 = 1024 runs the default variant.
   const KernelChoice k128 = choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, 127, 0), kH200, Switches{});
   EXPECT_EQ(k128.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k128.fwd_q_stages, 2);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, 0, 0), kH200, Switches{}).fwd_q_stages, 2);
   EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 895, 0), kH200, Switches{}).fwd_q_stages, 2);
   const KernelChoice wide = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 896, 0), kH200, Switches{});
   EXPECT_EQ(wide.fwd, FwdKernel::kSm90Ws);
@@ -255,13 +267,14 @@ TEST(CudaDispatch, ShortWindowForwardRunsTheWindowVariant) {
   EXPECT_EQ(left.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(left.fwd_q_stages, 1);
   // No window variant with bias or dropout: the sm_80 forward, which says why.
-  Call cb = c;
+  Call cb = make_call(SINKATTN_BF16, 128, 4096, 32, 32, 127, 0, true);
   cb.plan.bias = Use::kRequired;
   const KernelChoice kb = choose_kernels(cb, kH200, Switches{});
   EXPECT_EQ(kb.fwd, FwdKernel::kSm80Extra);
   EXPECT_TRUE(has(kb.summary(Pass::kForward), "255 keys per 128 query rows")) << kb.summary(Pass::kForward);
   EXPECT_TRUE(has(kb.summary(Pass::kForward), "without bias, dropout or paged KV")) << kb.summary(Pass::kForward);
-  Call cd = c;
+  Call cd = cb;
+  cd.plan.bias = Use::kAbsent;
   cd.plan.dropout = true;
   EXPECT_EQ(choose_kernels(cd, kH200, Switches{}).fwd, FwdKernel::kSm80Extra);
   // Those keep the default variants from kSm90FwdMinWindowKeys keys: 128 + 383 = 511 < 512 stays on sm_80, 512 not.
@@ -275,7 +288,7 @@ TEST(CudaDispatch, ShortWindowForwardRunsTheWindowVariant) {
   // SINKATTN_CUDA_NO_WINDOW_VARIANT: the kernels of the other windows.
   Switches off;
   off.no_window_variant = true;
-  EXPECT_EQ(choose_kernels(c, kH200, off).fwd, FwdKernel::kSm80);
+  EXPECT_EQ(choose_kernels(make_call(SINKATTN_BF16, 128, 4096, 8, 8, 127, 0), kH200, off).fwd, FwdKernel::kSm80);
   const KernelChoice off895 = choose_kernels(make_call(SINKATTN_BF16, 64, 4096, 8, 8, 895, 0), kH200, off);
   EXPECT_EQ(off895.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(off895.fwd_q_stages, 1);

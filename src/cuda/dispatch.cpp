@@ -199,15 +199,17 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     // A short sliding window: the warp-specialised forward's short-window variant where it exists; else the sm_80
     // forward below kSm90FwdMinWindowKeys keys per kSm90FwdWindowRows query rows (tiles.hpp says why).
     const int64_t keys = tiles::kSm90FwdWindowRows + c.window_left + c.window_right;
-    const bool window_variant = tiles::sm90_ws_window(k.tile) && !extra && !c.paged.on && !sw.no_window_variant;
+    const bool window_variant = tiles::sm90_ws_window(k.tile) && !extra && !c.paged.on && !sw.no_window_variant &&
+                                keys >= tiles::sm90_ws_window_min_keys(k.tile);
     if (window_variant && keys < tiles::kSm90FwdWindowKeys)
       k.fwd_q_stages = tiles::kSm90WsWindowQStages;
     else if (!window_variant && keys < tiles::kSm90FwdMinWindowKeys)
       k.fwd_why = "the window spans " + std::to_string(keys) + " keys per " +
                   std::to_string(tiles::kSm90FwdWindowRows) + " query rows (fewer than " +
                   std::to_string(tiles::kSm90FwdMinWindowKeys) +
-                  ": the sm_80 forward is faster there; the short-window Hopper variant: tiles 64 and 128 without "
-                  "bias, dropout or paged KV)";
+                  ": the sm_80 forward is faster there; the short-window Hopper variant: tile 64 from " +
+                  std::to_string(tiles::sm90_ws_window_min_keys(64)) +
+                  " keys, tile 128, without bias, dropout or paged KV)";
   }
   if (k.fwd == FwdKernel::kDecode || k.fwd == FwdKernel::kSm80Paged) {
     // decided above
@@ -382,8 +384,9 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
        "8. A window bounded on both sides (a sliding window) that spans fewer than " +
            to_string(tiles::kSm90FwdWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
            " query rows runs the short-window variant (2 consumers, Q in 2 buffers, so that the next tile's Q loads "
-           "while the consumers finish the current one) at tiles 64 and 128 without bias, dropout or paged KV; any "
-           "other that spans fewer than " +
+           "while the consumers finish the current one) at tile 64 from " +
+           to_string(tiles::sm90_ws_window_min_keys(64)) +
+           " keys and at tile 128, without bias, dropout or paged KV; any other that spans fewer than " +
            to_string(tiles::kSm90FwdMinWindowKeys) + " keys per " + to_string(tiles::kSm90FwdWindowRows) +
            " query rows runs the sm_80 forward, which is faster there (SINKATTN_CUDA_NO_WINDOW_VARIANT=1: this rule "
            "for every short window)."},

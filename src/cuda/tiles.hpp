@@ -66,19 +66,26 @@ constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ?
 constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 
 // Forward windows on the Hopper kernel: a window bounded on both sides that leaves kSm90FwdWindowRows query rows
-// fewer keys than kSm90FwdWindowKeys (rows + window_left + window_right) runs the warp-specialised forward's
-// short-window variant at tiles 64 and 128 without bias / dropout / paged KV (sm90_ws_window); any other window that
-// leaves them fewer than kSm90FwdMinWindowKeys runs the sm_80 forward. The default variants spend much of a short
-// tile in the pipeline prologue and, with 3 consumers at tile 64 (192 query rows, 3-4 key blocks of 128 for a
-// 127-key window), on masked keys (H200, GPT-OSS sliding layer, window 127: 0.211-0.216 ms against 0.168-0.170 on
-// the sm_80 forward, bench/log/2026-12-05-deterministic-per-step-turns.md).
+// fewer keys than kSm90FwdWindowKeys (rows + window_left + window_right), and at least sm90_ws_window_min_keys, runs
+// the warp-specialised forward's short-window variant at tiles 64 and 128 without bias / dropout / paged KV
+// (sm90_ws_window); any other window that leaves them fewer than kSm90FwdMinWindowKeys runs the sm_80 forward. The
+// default variants spend much of a short tile in the pipeline prologue and, with 3 consumers at tile 64 (192 query
+// rows, 3-4 key blocks of 128 for a 127-key window), on masked keys (H200, GPT-OSS sliding layer, window 127:
+// 0.211-0.216 ms against 0.168-0.170 on the sm_80 forward, bench/log/2026-12-05-deterministic-per-step-turns.md).
+// The short-window variant: 2 consumers (128 query rows: a 127-key window's rows see 2 key blocks of 128, where 192
+// rows see 3 or 4) and Q in 2 buffers (a tile is a few key blocks, so the next tile's Q loads while the consumers
+// finish the current one; 4-7% faster than one buffer). Measured on the H200 (bench/log/2026-12-06-short-window-forward.md,
+// b 2, s 4096, causal, forward ms, variant / previous kernel): tile 128, h 32, window 127 0.133-0.136 / 0.181-0.183
+// (sm_80), window 511 0.211-0.212 / 0.216-0.217 (2 consumers, one Q buffer); tile 64, GPT-OSS (h 64 / 8), window 511
+// 0.291-0.298 / 0.307 (3 consumers), 895 0.386-0.393 / 0.386-0.391, but window 127 0.195-0.200 / 0.167-0.170 and 255
+// 0.229-0.230 / 0.217-0.220 on the sm_80 forward, whose 4 blocks of 4 warps an SM hide more latency than the
+// variant's 2 consumer warpgroups (ncu, window 127: 0.46 instructions issued a cycle per scheduler, 0.63 eligible
+// warps): tile 64 takes the variant from kSm90FwdMinWindowKeys keys.
 constexpr int kSm90FwdWindowRows = 128;
 constexpr int kSm90FwdMinWindowKeys = 512;
 constexpr int kSm90FwdWindowKeys = 1024;
-// The short-window variant: 2 consumers (128 query rows: a 127-key window's rows see 2 key blocks of 128, where 192
-// rows see 3 or 4) and Q in 2 buffers (a tile is a few key blocks, so the next tile's Q loads while the consumers
-// finish the current one).
 constexpr bool sm90_ws_window(int hd) { return has_sm90(hd); }
+constexpr int sm90_ws_window_min_keys(int hd) { return hd == 64 ? kSm90FwdMinWindowKeys : 0; }
 constexpr int kSm90WsWindowConsumers = 2;
 constexpr int kSm90WsWindowQStages = 2;
 // The warp-specialised Hopper forward (hopper/fwd_sm90_ws.cuh): 64 query rows per consumer warpgroup, 128 keys per
