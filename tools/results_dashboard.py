@@ -77,8 +77,10 @@ REASONS = {
         "2026-12-05-pdl-dsinks.md"),
     ("fb", "gpt-oss-sliding"): (
         "The backward's preprocess (72 us) and dq convert (53 us) run at memory speed, and the dK dV kernel's "
-        "128 x 128 tiles see the 127-key band twice over (271 us; H200, per kernel).",
-        "2026-12-05-pdl-dsinks.md"),
+        "128 x 128 tiles see the 127-key band twice over (271 us; H200, per kernel); the forward stays on the sm_80 "
+        "kernel, as the Hopper forward's short-window variant (2 consumers, Q in 2 buffers) measured 15% slower "
+        "here, latency-bound (H200; 1.36x faster at tile 128).",
+        "2026-12-06-short-window-forward.md"),
     ("fwd", "hd256"): (
         "The warp-specialised forward takes 64 keys per step at head dim 256 (192 KiB of shared memory); 80 keys "
         "measured 4% faster but failed two edge cases.",
