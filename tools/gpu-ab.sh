@@ -38,7 +38,8 @@ case "$cmd" in
     build=${3:-build-cuda}
     mkdir -p "$AB_DIR"
     # the newer of the versioned file and the plain name (a build that once set a version keeps its stale file)
-    lib=$(ls -t "$build/libsinkattn.so.0.1.0" "$build/libsinkattn.so" 2>/dev/null | head -1 || true)  # either may be missing
+    # either may be missing (ls then fails)
+    lib=$(ls -t "$build/libsinkattn.so.0.1.0" "$build/libsinkattn.so" 2>/dev/null | head -1 || true)
     xz -T0 -6 -c "$lib" >"$AB_DIR/$name.so.xz"
     bin=${BENCH_BIN:-sinkattn_gpu_bench}
     cp "$build/tests/gpu/$bin" "$AB_DIR/$bin"

@@ -74,13 +74,14 @@ constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
 // 0.211-0.216 ms against 0.168-0.170 on the sm_80 forward, bench/log/2026-12-05-deterministic-per-step-turns.md).
 // The short-window variant: 2 consumers (128 query rows: a 127-key window's rows see 2 key blocks of 128, where 192
 // rows see 3 or 4) and Q in 2 buffers (a tile is a few key blocks, so the next tile's Q loads while the consumers
-// finish the current one; 4-7% faster than one buffer). Measured on the H200 (bench/log/2026-12-06-short-window-forward.md,
-// b 2, s 4096, causal, forward ms, variant / previous kernel): tile 128, h 32, window 127 0.133-0.136 / 0.181-0.183
-// (sm_80), window 511 0.211-0.212 / 0.216-0.217 (2 consumers, one Q buffer); tile 64, GPT-OSS (h 64 / 8), window 511
-// 0.291-0.298 / 0.307 (3 consumers), 895 0.386-0.393 / 0.386-0.391, but window 127 0.195-0.200 / 0.167-0.170 and 255
-// 0.229-0.230 / 0.217-0.220 on the sm_80 forward, whose 4 blocks of 4 warps an SM hide more latency than the
-// variant's 2 consumer warpgroups (ncu, window 127: 0.46 instructions issued a cycle per scheduler, 0.63 eligible
-// warps): tile 64 takes the variant from kSm90FwdMinWindowKeys keys.
+// finish the current one; 4-7% faster than one buffer). Measured on the H200
+// (bench/log/2026-12-06-short-window-forward.md, b 2, s 4096, causal, forward ms, variant / previous kernel):
+// tile 128, h 32, window 127 0.133-0.136 / 0.181-0.183 (sm_80), window 511 0.211-0.212 / 0.216-0.217 (2 consumers,
+// one Q buffer); tile 64, GPT-OSS (h 64 / 8), window 511 0.291-0.298 / 0.307 (3 consumers), 895 0.386-0.393 /
+// 0.386-0.391, but window 127 0.195-0.200 / 0.167-0.170 and 255 0.229-0.230 / 0.217-0.220 on the sm_80 forward,
+// whose 4 blocks of 4 warps an SM hide more latency than the variant's 2 consumer warpgroups (ncu, window 127: 0.46
+// instructions issued a cycle per scheduler, 0.63 eligible warps): tile 64 takes the variant from
+// kSm90FwdMinWindowKeys keys.
 constexpr int kSm90FwdWindowRows = 128;
 constexpr int kSm90FwdMinWindowKeys = 512;
 constexpr int kSm90FwdWindowKeys = 1024;
