@@ -15,8 +15,8 @@
 
 #include "common/mask.hpp"
 #include "common/rows.hpp"
-#include "core/kv_rows.hpp"
 #include "common/seq.hpp"
+#include "core/kv_rows.hpp"
 #include "cuda/dq_order.hpp"
 #include "cuda/scheduler.hpp"
 #include "cuda/tiles.hpp"
@@ -508,4 +508,3 @@ TEST(FastDivmod, EqualsTheDivision) {
     }
   }
 }
-

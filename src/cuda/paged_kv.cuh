@@ -37,9 +37,9 @@ struct KvRows {
 };
 
 // K and V tiles of ROWS keys j0 .. j0 + ROWS - 1 into shared memory (row stride HD + 8, as load_tile_async):
-// rows outside [row_lo, row_hi) and columns >= d (K) / d_v (V) are zero-filled without being read. A row's page is looked up
-// once for its K and V chunk. When NTHREADS is a multiple of the 16-byte chunks per row, each thread owns one fixed
-// column chunk and rows r0, r0 + step, ... (compile-time trip count); otherwise a plain strided loop.
+// rows outside [row_lo, row_hi) and columns >= d (K) / d_v (V) are zero-filled without being read. A row's page is
+// looked up once for its K and V chunk. When NTHREADS is a multiple of the 16-byte chunks per row, each thread owns
+// one fixed column chunk and rows r0, r0 + step, ... (compile-time trip count); otherwise a plain strided loop.
 template <int ROWS, int HD, int NTHREADS, typename T>
 __device__ __forceinline__ void load_kv_tiles_async(T* sK, T* sV, const T* k, const T* v, const KvRows& kr, int j0,
                                                     int row_lo, int row_hi, int d, int d_v, int tid) {

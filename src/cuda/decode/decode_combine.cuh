@@ -29,7 +29,9 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
     if (lane == 0) *lse_out = sink_value(p, h);
     return;
   }
-  pdl_wait();  // the decode kernel's partials (launched with KernelChoice::decode_pdl, this grid may start before it ends)
+  // Waits for the decode kernel's partials (launched with KernelChoice::decode_pdl, this grid may start before it
+  // ends).
+  pdl_wait();
   const int S = p.num_splits;
   const int64_t row = ws_row(p, sq, n, i);
   const int64_t plane = static_cast<int64_t>(p.h_q) * p.rows_total_q;  // partials of one split

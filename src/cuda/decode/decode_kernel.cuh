@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
     }
     gemm_pb_m<T, MT, NT, NO, LD>(acc, s, sV + stage * BN * LD + warp_n * KW * LD, lane);
   }
-  // The key loop is done: the split combine, launched after this grid with KernelChoice::decode_pdl, may start once every
-  // block is here (it waits for this grid's end before it reads a partial).
+  // The key loop is done: the split combine, launched after this grid with KernelChoice::decode_pdl, may start once
+  // every block is here (it waits for this grid's end before it reads a partial).
   if (split_kv) pdl_launch_dependents();
   cp_async_wait<0>();
   __syncthreads();  // the tiles are dead: the merge reuses shared memory
