@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/decode/decode_rules.hpp"
 #include "cuda/dispatch.hpp"
 #include "cuda/tiles.hpp"
 
@@ -321,6 +322,54 @@ TEST(CudaDispatch, WarpSpecialisedForwardConsumers) {
   }
   // Fewer query rows than a 192-row TMA box: cp.async.
   EXPECT_FALSE(choose_kernels(make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0), kH200, Switches{}).fwd_tma);
+}
+
+// The decode kernels' short-range configuration (decode_rules.hpp, decode_short_keys): one 16-row block of packed
+// rows at head dims up to 64 whose windows span at most 3 tiles of 64 keys (with the 15 keys below a 16-key
+// boundary): GPT-OSS's sliding layer at 1 or 2 query rows a sequence.
+TEST(CudaDispatch, DecodeShortKeys) {
+  Call c = make_call(SINKATTN_BF16, 64, 1, 64, 8, 127, 0);
+  c.s_kv = 8192;
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  EXPECT_EQ(k.fwd, FwdKernel::kDecode);
+  EXPECT_TRUE(k.decode_short);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "short key range: Q in registers, 3 stages"));
+  EXPECT_EQ(decode_max_tiles(c, 16), 3);  // 127 + 0 + 2 rows + 15 = 144 keys
+  EXPECT_TRUE(choose_kernels(c, kA100, Switches{}).decode_short);  // the sm_80 path's kernel, on every GPU
+  Switches off;
+  off.no_decode_short = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, off).decode_short);
+  EXPECT_FALSE(has(choose_kernels(c, kH200, off).summary(Pass::kForward), "short key range"));
+  c.s_q = 2;  // 16 packed rows: still one block
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.s_q = 3;  // 24 packed rows: the 32-row configuration
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.s_q = 1;
+  c.window_left = 175;  // 175 + 2 + 15 = 192 keys: 3 tiles
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.window_left = 176;  // 193: 4 tiles
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_EQ(decode_max_tiles(c, 16), 4);
+  c.window_left = -1;  // the full layer: every key
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.s_kv = 192;  // unless there are only 3 tiles of them
+  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.s_kv = 193;
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  c.s_kv = 8192;
+  c.window_left = 127;
+  Call wide = c;  // head-dim tile 128: its 16-row kernel keeps Q in shared memory
+  wide.d = wide.d_v = 80;
+  EXPECT_FALSE(choose_kernels(wide, kH200, Switches{}).decode_short);
+  Call mha = c;  // group 1: 16 query rows of one head a block, a span of 127 + 16 + 15 keys
+  mha.h_kv = mha.h_q;
+  mha.group = 1;
+  mha.s_q = 16;
+  EXPECT_TRUE(choose_kernels(mha, kH200, Switches{}).decode_short);
+  mha.window_left = 161;  // 161 + 16 + 15 = 192
+  EXPECT_TRUE(choose_kernels(mha, kH200, Switches{}).decode_short);
+  mha.window_left = 162;
+  EXPECT_FALSE(choose_kernels(mha, kH200, Switches{}).decode_short);
 }
 
 TEST(CudaDispatch, DecodeAndPagedKv) {
@@ -751,7 +800,8 @@ TEST(CudaDispatch, SwitchTable) {
   ASSERT_EQ(n_docs, n);
   const auto same = [](const Switches& a, const Switches& b) {
     return a.no_sm90 == b.no_sm90 && a.no_tma == b.no_tma && a.det_sm80 == b.det_sm80 && a.no_decode == b.no_decode &&
-           a.no_pdl == b.no_pdl && a.no_window_variant == b.no_window_variant && a.fwd_section == b.fwd_section;
+           a.no_pdl == b.no_pdl && a.no_window_variant == b.no_window_variant &&
+           a.no_decode_short == b.no_decode_short && a.fwd_section == b.fwd_section;
   };
   static std::string name, value;  // the one variable the lookup below sets
   const auto env = [](const char* v) -> const char* { return v == name ? value.c_str() : nullptr; };

@@ -402,7 +402,7 @@ class CudaBackend final : public Backend {
     const cuda::KernelChoice kc = kernel_choice(c);
     *bytes = workspace_layout(c, kc).total;
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode)
-      *bytes = cuda::plan_decode(c).bytes;  // the split partials (none without splits)
+      *bytes = cuda::plan_decode(c, kc.decode_short).bytes;  // the split partials (none without splits)
     return Status::ok();
   }
 
@@ -423,7 +423,7 @@ class CudaBackend final : public Backend {
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
       return run_decode(c, dp, kc.decode_pdl, k, st);

@@ -63,6 +63,12 @@ constexpr SwitchDef kSwitches[] = {
       "below 512 keys per 128 query rows, the default Hopper variant above.",
       "A fault suspected of the short-window variant; its A/B against those kernels."},
      [](Switches& s, const char* v) { s.no_window_variant = flag(v); }},
+    {{"SINKATTN_CUDA_NO_DECODE_SHORT", "1",
+      "Decode calls whose rows read at most 3 key tiles (a short sliding window) run the default 16-row decode "
+      "kernel (Q in shared memory beside a 4-stage ring: 3 blocks an SM) instead of its short-range configuration "
+      "(Q in registers, 3 stages: 4 blocks an SM).",
+      "A fault suspected of the short-range configuration; its A/B."},
+     [](Switches& s, const char* v) { s.no_decode_short = flag(v); }},
     {{"SINKATTN_CUDA_FWD_SECTION", "N",
       "The warp-specialised Hopper forward walks its tiles in L2 sections of N (head, sequence) pairs; 0: no "
       "sections (the plain longest-first order). Unset: the pairs whose K / V fit 5/8 of the L2.",
@@ -187,6 +193,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   if (no_decode.empty()) {
     k.fwd = FwdKernel::kDecode;
     k.decode_pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel
+    k.decode_short = !sw.no_decode_short && decode_short_keys(c);
   } else if (c.paged.on && !no90_fwd.empty()) {
     sm80_paged(no90_fwd);
   } else if (c.paged.on && c.paged.page_size % 8 != 0) {
@@ -289,6 +296,7 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kDecode:
         return std::string("decode (query heads of a KV group packed per tile, split-KV + combine") +
                (decode_pdl ? " by programmatic dependent launch" : "") +
+               (decode_short ? "; short key range: Q in registers, 3 stages" : "") +
                "; splits from decode/decode.cu's plan or num_splits)";
     }
     s += ", tile " + tile_str(fwd_block_m, fwd_block_n);
@@ -367,7 +375,10 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
            to_string(kDecodeMaxQueries) +
            " query rows per sequence (dense s_q or varlen max_seqlen_q), fp16 / bf16, head dims up to 128, no "
            "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "
-           "kernels."},
+           "kernels. A short key range (one 16-row block of packed rows at head dims up to 64 whose rows read at "
+           "most 3 tiles of 64 keys: a sliding window of up to about 176 keys) runs the 16-row kernel with Q in "
+           "registers and 3 stages, 4 blocks an SM (SINKATTN_CUDA_NO_DECODE_SHORT=1: Q in shared memory, 4 stages, "
+           "3 blocks an SM)."},
       {"hopper fwd", "src/cuda/hopper/fwd_sm90_ws.cuh",
        "forward on compute capability 9.0, tiles 64 to 256 (bias / dropout, short sliding windows: 64, 128)",
        "The warp-specialised forward on warpgroup MMA (wgmma): a producer warp loads Q and K / V into a two-stage "

@@ -31,6 +31,7 @@ struct Switches {
   bool no_decode = false;  // SINKATTN_CUDA_NO_DECODE
   bool no_pdl = false;     // SINKATTN_CUDA_NO_PDL
   bool no_window_variant = false;  // SINKATTN_CUDA_NO_WINDOW_VARIANT
+  bool no_decode_short = false;    // SINKATTN_CUDA_NO_DECODE_SHORT
   int fwd_section = -1;    // SINKATTN_CUDA_FWD_SECTION; -1: the L2 rule (fwd_section_pairs)
 };
 // A row of the switch table: what `sinkattn info` shows (name, values, effect, use) and how the variable's value
@@ -112,6 +113,7 @@ struct KernelChoice {
   // in pdl_wait before it reads their partials). A field of its own: `pdl` above is the backward's, decided for the
   // same call. SINKATTN_CUDA_NO_PDL=1 turns it off.
   bool decode_pdl = false;
+  bool decode_short = false;  // kDecode: the short-range configuration (decode_rules.hpp, decode_short_keys)
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

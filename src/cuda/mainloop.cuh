@@ -120,6 +120,35 @@ __device__ __forceinline__ void gemm_abt_m(float (&acc)[MT][NT][4], const T* sA,
   }
 }
 
+// A held in registers instead (a kernel that reads the same A for every key tile, as the decode kernel's Q):
+//   load_a_m:       a[kk][mt] = the A fragments of rows mt * 16 .. mt * 16 + 15, k-step kk, of sA
+//   gemm_abt_m_reg: gemm_abt_m with those fragments
+template <int MT, int KD, int LD, typename T>
+__device__ __forceinline__ void load_a_m(uint32_t (&a)[KD / 16][MT][4], const T* sA, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldmatrix_x4(a[kk][mt], sA + (mt * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+}
+template <typename T, int MT, int NT, int KD, int LD>
+__device__ __forceinline__ void gemm_abt_m_reg(float (&acc)[MT][NT][4], const uint32_t (&a)[KD / 16][MT][4],
+                                               const T* sB, int lane) {
+  static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        ElemTraits<T>::mma(acc[mt][2 * np], a[kk][mt], b[0], b[1]);
+        ElemTraits<T>::mma(acc[mt][2 * np + 1], a[kk][mt], b[2], b[3]);
+      }
+    }
+}
+
 template <typename T, int MT, int NK, int NO, int LD>
 __device__ __forceinline__ void gemm_pb_m(float (&acc)[MT][NO][4], const float (&p)[MT][NK][4], const T* sB,
                                           int lane) {

@@ -112,6 +112,7 @@ struct Case {
   bool small = true;             // part of --small (compute-sanitizer)
   int64_t table_pages = 0;       // > 0: the page table has this many columns (garbage past the pages used)
   const char* expect_family = "";  // on a Hopper GPU (and a library with its kernels): the forward's kernel family
+  const char* expect_kernel = "";  // on any CUDA GPU: a part of the forward's kernel report (e.g. its configuration)
 };
 
 // The workspace bound stated for a paged call (header comment), in bytes.
@@ -336,6 +337,10 @@ void run_case(const Case& c) {
     }
     if (si == 0) first = res;
   }
+  if (!g_cpu_only && c.expect_kernel[0] != '\0') {
+    const std::string k = sinkattn_test::cuda_kernels(P.device(P.host_p));
+    check(k.find(c.expect_kernel) != std::string::npos, c.name + ": runs " + k + ", expected " + c.expect_kernel);
+  }
   if (c.twin && c.page_size > 0 && !c.splits.empty()) {
     Result t = run(P, P.device(P.twin_p), c.splits[0]);
     check(t.st == SINKATTN_OK, c.name + " contiguous twin: " + t.msg);
@@ -368,6 +373,44 @@ std::vector<Case> cases(bool small) {
     c.name = "gptoss-sliding-ps" + std::to_string(ps);
     c.wl = 127, c.wr = 0;
     c.seqused = {1000, 127, 128, 129, 143, 144, 145};  // windows starting at, before and after page edges
+    c.expect_kernel = "short key range";  // the 16-row configuration with Q in registers, 3 stages (2 or 3 tiles)
+    add(c);
+  }
+  // The short-range configuration (decode_rules.hpp, decode_short_keys) at its edges: a window of exactly 3 tiles
+  // (175 keys + 2 rows + 15 below a 16-key boundary: the ring's 3 stages all used, the third refilling Q's buffer),
+  // 16 query rows of one head per block with a two-sided window and varlen queries (rows that see no key, an empty
+  // sequence), head dim 32 with 4 query rows of a group of 4 and pages of 8.
+  {
+    Case c;
+    c.name = "gptoss-short-window-3-tiles";
+    c.wl = 175, c.wr = 0;
+    c.page_size = 64;
+    c.seqused = {1000, 176, 191, 192, 500, 1};
+    c.splits = {1, 0, 2, 3, 128};
+    c.expect_kernel = "short key range";
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "fp16-short-window-twosided-varlen";
+    c.dtype = SINKATTN_F16;
+    c.h_q = 4, c.h_kv = 4;
+    c.len_q = {16, 5, 0, 16};
+    c.seqused = {300, 20, 7, 16};
+    c.wl = 100, c.wr = 20;
+    c.expect_kernel = "short key range";
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "bf16-short-window-d32-g4-sq4";
+    c.h_q = 8, c.h_kv = 2, c.d = c.d_v = 32;
+    c.s_q = 4;
+    c.seqused = {1000, 3, 64, 65};
+    c.wl = 60, c.wr = 0;
+    c.page_size = 8;
+    c.st = SINKATTN_SOFTMAX_OFF_BY_ONE;
+    c.expect_kernel = "short key range";
     add(c);
   }
   {  // fp16, speculative decoding (4 tokens, causal), varlen queries

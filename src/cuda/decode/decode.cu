@@ -20,6 +20,10 @@ int smem_of(int config) {
     case 0: return DecodeTraits<HD, kDecodeMT[0], kDecodeWN[0]>::kSmem;
     case 1: return DecodeTraits<HD, kDecodeMT[1], kDecodeWN[1]>::kSmem;
     case 2: return DecodeTraits<HD, kDecodeMT[2], kDecodeWN[2]>::kSmem;
+    case kDecodeShortConfig: {
+      constexpr int c = kDecodeShortConfig;
+      return DecodeTraits<HD, kDecodeMT[c], kDecodeWN[c], kDecodeQR[c]>::kSmem;
+    }
     default: return DecodeTraits<HD, kDecodeMT[3], kDecodeWN[3]>::kSmem;
   }
 }
@@ -40,7 +44,7 @@ void device_shape(int* sms, int* smem_per_sm) {
 
 int decode_smem_bytes(int hd, int config) { return hd <= 64 ? smem_of<64>(config) : smem_of<128>(config); }
 
-DecodePlan plan_decode(const Call& c) {
+DecodePlan plan_decode(const Call& c, bool short_keys) {
   DecodePlan d;
   auto no = [&](std::string why) {
     d.why_not = std::move(why);
@@ -51,6 +55,7 @@ DecodePlan plan_decode(const Call& c) {
   d.hd = dmax <= 64 ? 64 : 128;
   const int64_t packed = std::max<int64_t>(c.s_q, 1) * c.group;  // (query row, head of the group) rows
   d.config = packed <= 16 ? 0 : packed <= 32 ? 1 : packed <= 64 ? 2 : 3;
+  if (short_keys && d.hd == 64 && d.config == 0) d.config = kDecodeShortConfig;
   d.block_m = kDecodeBlockM[d.config];
   d.m_blocks = static_cast<int>((packed + d.block_m - 1) / d.block_m);
   d.rows_total_q = c.plan.varlen ? c.total_q : c.b * c.s_q;

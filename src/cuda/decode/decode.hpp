@@ -34,7 +34,8 @@ struct DecodePlan {
 // can see and the device's SM count and shared memory: the fewest splits whose waves of resident CTAs are within
 // 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
 // keys) or the CTAs already make 4 waves; then as few splits as cover the tiles at that count's tiles per split.
-DecodePlan plan_decode(const Call& c);
+// short_keys: the short-range configuration (KernelChoice::decode_short, decode_rules.hpp's decode_short_keys).
+DecodePlan plan_decode(const Call& c, bool short_keys);
 
 // Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q).
 void bind_decode(const DecodePlan& plan, void* workspace, Params* p);

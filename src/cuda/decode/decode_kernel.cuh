@@ -12,6 +12,13 @@
 // zero-filled without being read (paged_kv.cuh: neither are their page-table entries). K and V tiles stream
 // through a kStages-deep cp.async ring.
 //
+// Q in registers (kQRegs, the configuration for short key ranges: a sliding window's row sees at most 3 tiles): the
+// warps read their Q fragments once, and Q's shared memory is the ring's last K buffer, which the first key tile's
+// refill overwrites only after a barrier that follows those reads. With 3 stages the block then takes 55,296 bytes
+// at head dim 64 and 16 rows, and 4 blocks fit on an SM (228 KiB, 1 KiB reserved per block) where 3 fit with Q
+// stored beside a 4-stage ring (76,032 bytes): one block streams a short range's few tiles and exits, so the warps
+// resident at once, not the ring's depth, hide the chain sequence length -> page table -> K / V.
+//
 // Warps: 4 per CTA, kWM along M (16 * kMT rows each) x WN along the keys of a tile (kBlockN / WN keys each): every
 // warp runs its own online softmax (softmax.cuh) over its keys; at the end the WN partial states of a row are
 // merged in shared memory (m = max m_w, l = sum l_w 2^(m_w - m), acc likewise).
@@ -32,8 +39,9 @@
 
 namespace sinkattn::cuda {
 
-// Tile shapes. HD: head-dim tile (64 or 128); MT: m-tiles of 16 rows per warp; WN: warps along the keys.
-template <int HD, int MT, int WN>
+// Tile shapes. HD: head-dim tile (64 or 128); MT: m-tiles of 16 rows per warp; WN: warps along the keys; QR: Q in
+// registers, 3 stages (kQRegs above).
+template <int HD, int MT, int WN, bool QR = false>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -43,33 +51,38 @@ struct DecodeTraits {
   // a 32 x 128 accumulator per warp would spill)
   static constexpr int kBlockN = HD > 64 && WN == 1 ? 32 : 64;
   static constexpr int kKeysPerWarp = kBlockN / WN;
-  static constexpr int kStages = HD <= 64 ? 4 : 3;
+  static constexpr bool kQRegs = QR;
+  static constexpr int kStages = HD <= 64 && !QR ? 4 : 3;
   static constexpr int kStride = HD + 8;     // bf16 / fp16 rows in shared memory
   static constexpr int kAccStride = HD + 4;  // fp32 rows of the merge
-  static constexpr int kSmemTiles = (kBlockM + 2 * kStages * kBlockN) * kStride * 2;
+  static constexpr int kSmemTiles = ((QR ? 0 : kBlockM) + 2 * kStages * kBlockN) * kStride * 2;
   static constexpr int kSmemMerge = (WN * kBlockM * kAccStride + 2 * WN * kBlockM + WN * kBlockM + kBlockM) * 4;
   static constexpr int kSmem = kSmemTiles > kSmemMerge ? kSmemTiles : kSmemMerge;
   // __launch_bounds__ minimum blocks per SM: what 227 KiB of shared memory holds (1 KiB reserved per block)
   static constexpr int kMinBlocks = (227 * 1024) / (kSmem + 1024) < 1 ? 1 : (227 * 1024) / (kSmem + 1024);
   static_assert(kWarps % WN == 0 && kKeysPerWarp % 16 == 0, "tile shape");
+  static_assert(!QR || kBlockM <= kBlockN, "Q fits in a K buffer of the ring");
 };
 
-// The configurations compiled: index -> (MT, WN), kBlockM = 16, 32, 64, 128 packed rows.
-constexpr int kDecodeConfigs = 4;
-constexpr int kDecodeMT[kDecodeConfigs] = {1, 2, 2, 2};
-constexpr int kDecodeWN[kDecodeConfigs] = {4, 4, 2, 1};
-constexpr int kDecodeBlockM[kDecodeConfigs] = {16, 32, 64, 128};
+// The configurations compiled: index -> (MT, WN, QR), kBlockM = 16, 32, 64, 128 packed rows; 4: 16 rows with Q in
+// registers (head-dim tile 64 only: kDecodeShortConfig, for rows that see few tiles; decode.cu's plan).
+constexpr int kDecodeConfigs = 5;
+constexpr int kDecodeShortConfig = 4;
+constexpr int kDecodeMT[kDecodeConfigs] = {1, 2, 2, 2, 1};
+constexpr int kDecodeWN[kDecodeConfigs] = {4, 4, 2, 1, 4};
+constexpr bool kDecodeQR[kDecodeConfigs] = {false, false, false, false, true};
+constexpr int kDecodeBlockM[kDecodeConfigs] = {16, 32, 64, 128, 16};
 
-template <typename T, int HD, int MT, int WN>
-__global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTraits<HD, MT, WN>::kMinBlocks)
+template <typename T, int HD, int MT, int WN, bool QR = false>
+__global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, DecodeTraits<HD, MT, WN, QR>::kMinBlocks)
     decode_kernel(const Params p) {
-  using Tr = DecodeTraits<HD, MT, WN>;
+  using Tr = DecodeTraits<HD, MT, WN, QR>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, LD = Tr::kStride, KW = Tr::kKeysPerWarp, NT = KW / 8;
   constexpr int NO = HD / 8, ST = Tr::kStages, NTH = Tr::kThreads, AL = Tr::kAccStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BM * LD;       // [ST][BN][LD]
-  T* sV = sK + ST * BN * LD;  // [ST][BN][LD]
+  T* sK = reinterpret_cast<T*>(smem_raw) + (QR ? 0 : BM * LD);  // [ST][BN][LD]
+  T* sV = sK + ST * BN * LD;                                      // [ST][BN][LD]
+  T* sQ = QR ? sK + (ST - 1) * BN * LD : reinterpret_cast<T*>(smem_raw);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WN, warp_n = warp % WN;
@@ -142,6 +155,16 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
     cp_async_commit();  // one group per stage, empty or not, so that the wait below counts stages
   }
 
+  // QR: the warp's Q fragments, read once tile_lo's group (which holds Q's copies) has landed; the loop's first
+  // barrier then precedes the refill of the buffer Q occupies.
+  uint32_t qa[QR ? HD / 16 : 1][MT][4];
+  (void)qa;
+  if constexpr (QR) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    load_a_m<MT, HD, LD>(qa, sQ + warp_m * 16 * MT * LD, lane);
+  }
+
   OnlineSoftmax<NT> sm[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) sm[mt].init(sig[mt][0], sig[mt][1], lane);
@@ -159,7 +182,10 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN>::kThreads, DecodeTrai
     float s[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) zero_acc(s[mt]);
-    gemm_abt_m<T, MT, NT, HD, LD>(s, sQ + warp_m * 16 * MT * LD, sK + stage * BN * LD + warp_n * KW * LD, lane);
+    if constexpr (QR)
+      gemm_abt_m_reg<T, MT, NT, HD, LD>(s, qa, sK + stage * BN * LD + warp_n * KW * LD, lane);
+    else
+      gemm_abt_m<T, MT, NT, HD, LD>(s, sQ + warp_m * 16 * MT * LD, sK + stage * BN * LD + warp_n * KW * LD, lane);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       // S_ij = softmax_scale * q_i . k_j in base 2, -inf outside the row's visible keys (SPEC 2, masks)

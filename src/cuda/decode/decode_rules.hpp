@@ -27,4 +27,22 @@ inline std::string decode_unsupported(const Call& c) {
   return {};
 }
 
+// Key tiles of 64 keys (decode_kernel.cuh's kBlockN at head-dim tile 64) that a block of block_m packed rows reads at
+// most: the keys of its query rows' windows when both window bounds are set (wl + wr + rows, and up to 15 below the
+// first, since its tiles start on a 16-key boundary), at most s_kv (the extent, max_seqlen_kv or the paged capacity).
+inline int64_t decode_max_tiles(const Call& c, int64_t block_m) {
+  int64_t keys = c.s_kv;
+  if (c.window_left >= 0 && c.window_right >= 0)
+    keys = std::min<int64_t>(keys, c.window_left + c.window_right + (block_m + c.group - 1) / c.group + 15);
+  return (keys + 63) / 64;
+}
+
+// The short-range configuration (decode_kernel.cuh, kDecodeShortConfig: 16 packed rows, Q in registers, 3 stages,
+// 4 blocks an SM): head dims up to 64, one 16-row block of packed rows (s_q * group <= 16), whose rows read at most
+// 3 tiles (GPT-OSS's sliding layer, window 128: 2 query rows x 8 heads read 130 keys from a 16-key boundary), so
+// that a 4-stage ring would hold a stage no tile uses.
+inline bool decode_short_keys(const Call& c) {
+  return std::max(c.d, c.d_v) <= 64 && std::max<int64_t>(c.s_q, 1) * c.group <= 16 && decode_max_tiles(c, 16) <= 3;
+}
+
 }  // namespace sinkattn::cuda

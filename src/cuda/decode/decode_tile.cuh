@@ -12,9 +12,9 @@
 
 namespace sinkattn::cuda {
 
-template <typename T, int HD, int MT, int WN>
+template <typename T, int HD, int MT, int WN, bool QR = false>
 cudaError_t launch_decode_config(const Params& p, int m_blocks, cudaStream_t stream) {
-  using Tr = DecodeTraits<HD, MT, WN>;
+  using Tr = DecodeTraits<HD, MT, WN, QR>;
   // The dynamic shared-memory limit is raised once per device (a host-side attribute, no synchronisation).
   static std::atomic<unsigned long long> prepared{0};
   int dev = 0;
@@ -22,13 +22,14 @@ cudaError_t launch_decode_config(const Params& p, int m_blocks, cudaStream_t str
   if (e != cudaSuccess) return e;
   const unsigned long long bit = 1ull << (dev & 63);
   if (Tr::kSmem > 48 * 1024 && !(prepared.load() & bit)) {
-    e = cudaFuncSetAttribute(decode_kernel<T, HD, MT, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmem);
+    e = cudaFuncSetAttribute(decode_kernel<T, HD, MT, WN, QR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Tr::kSmem);
     if (e != cudaSuccess) return e;
     prepared.fetch_or(bit);
   }
   const dim3 grid(static_cast<unsigned>(m_blocks * p.num_splits), static_cast<unsigned>(p.h_kv),
                   static_cast<unsigned>(p.b));
-  decode_kernel<T, HD, MT, WN><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+  decode_kernel<T, HD, MT, WN, QR><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -39,6 +40,12 @@ cudaError_t launch_decode_tile(const Params& p, int config, int m_blocks, cudaSt
     case 1: return launch_decode_config<T, HD, kDecodeMT[1], kDecodeWN[1]>(p, m_blocks, stream);
     case 2: return launch_decode_config<T, HD, kDecodeMT[2], kDecodeWN[2]>(p, m_blocks, stream);
     case 3: return launch_decode_config<T, HD, kDecodeMT[3], kDecodeWN[3]>(p, m_blocks, stream);
+    case kDecodeShortConfig:
+      if constexpr (HD == 64) {
+        constexpr int c = kDecodeShortConfig;
+        return launch_decode_config<T, HD, kDecodeMT[c], kDecodeWN[c], kDecodeQR[c]>(p, m_blocks, stream);
+      }
+      return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }
 }
