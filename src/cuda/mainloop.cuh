@@ -98,6 +98,21 @@ namespace sinkattn::cuda {
 // feeds MT tensor-core products instead of one (halves shared-memory traffic per FLOP at MT = 2).
 //   gemm_abt_m: acc[mt](16 x N) += A[mt](16 x K) * B(N x K)^T,  A rows mt * 16 .. mt * 16 + 15 of sA
 //   gemm_pb_m:  acc[mt](16 x N) += P[mt](16 x K) * B(K x N)
+// One k-step (kk) of gemm_abt_m: the B fragments of sB's 16 columns kk * 16 .. + 15, times the A fragments a[mt].
+template <typename T, int MT, int NT, int LD>
+__device__ __forceinline__ void abt_kstep_m(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][4], const T* sB, int kk,
+                                            int lane) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      ElemTraits<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
+      ElemTraits<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
 template <typename T, int MT, int NT, int KD, int LD>
 __device__ __forceinline__ void gemm_abt_m(float (&acc)[MT][NT][4], const T* sA, const T* sB, int lane) {
   static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
@@ -107,16 +122,7 @@ __device__ __forceinline__ void gemm_abt_m(float (&acc)[MT][NT][4], const T* sA,
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       ldmatrix_x4(a[mt], sA + (mt * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        ElemTraits<T>::mma(acc[mt][2 * np], a[mt], b[0], b[1]);
-        ElemTraits<T>::mma(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
+    abt_kstep_m<T, MT, NT, LD>(acc, a, sB, kk, lane);
   }
 }
 
@@ -136,17 +142,7 @@ __device__ __forceinline__ void gemm_abt_m_reg(float (&acc)[MT][NT][4], const ui
                                                const T* sB, int lane) {
   static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
 #pragma unroll
-  for (int kk = 0; kk < KD / 16; ++kk)
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, sB + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        ElemTraits<T>::mma(acc[mt][2 * np], a[kk][mt], b[0], b[1]);
-        ElemTraits<T>::mma(acc[mt][2 * np + 1], a[kk][mt], b[2], b[3]);
-      }
-    }
+  for (int kk = 0; kk < KD / 16; ++kk) abt_kstep_m<T, MT, NT, LD>(acc, a[kk], sB, kk, lane);
 }
 
 template <typename T, int MT, int NK, int NO, int LD>
