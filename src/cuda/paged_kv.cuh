@@ -15,22 +15,23 @@ namespace sinkattn::cuda {
 // Key j of sequence n, KV head hk, of k and v: element offsets from the k / v base pointers.
 struct KvRows {
   const int* table;  // page table (paged calls) or nullptr
-  int pt_n, pt_p, page_size, n, kv_start;
-  FastDivmod page_div;
+  int pt_n, pt_p, n, kv_start;
+  FastDivmod page_div;  // the page size (d) and its divisor: p.page_div (d = 1 without a page table)
   bool varlen;
   int64_t k_b, k_s, v_b, v_s;  // k / v first-dimension and row strides
   int64_t k_head, v_head;      // hk * head stride
 
   __device__ __forceinline__ KvRows(const Params& p, const SeqInfo& s, int n_, int hk)
       : table(p.page_table), pt_n(static_cast<int>(p.pt_st_n)), pt_p(static_cast<int>(p.pt_st_p)),
-        page_size(p.page_size), n(n_), kv_start(static_cast<int>(s.kv_start)), page_div(p.page_div),
+        n(n_), kv_start(static_cast<int>(s.kv_start)), page_div(p.page_div),
         varlen(p.varlen != 0),
         k_b(p.k_st.b), k_s(p.k_st.s), v_b(p.v_st.b), v_s(p.v_st.s), k_head(hk * p.k_st.h), v_head(hk * p.v_st.h) {}
 
   __device__ __forceinline__ KvRowIndex index(int j) const {
-    if (table == nullptr) return kv_row_index<int>(nullptr, pt_n, pt_p, page_size, n, kv_start, j, varlen);
-    const int page_no = static_cast<int>(page_div.div(static_cast<uint32_t>(j)));
-    return kv_paged_row<int>(table, pt_n, pt_p, n, page_no, j - page_no * page_size);
+    if (table == nullptr) return kv_row_index<int>(nullptr, pt_n, pt_p, 1, n, kv_start, j, varlen);
+    const uint32_t page_no = page_div.div(static_cast<uint32_t>(j));
+    return kv_paged_row<int>(table, pt_n, pt_p, n, static_cast<int>(page_no),
+                             j - static_cast<int>(page_no * page_div.d));
   }
   __device__ __forceinline__ int64_t k_off(const KvRowIndex& r) const { return r.b * k_b + r.s * k_s + k_head; }
   __device__ __forceinline__ int64_t v_off(const KvRowIndex& r) const { return r.b * v_b + r.s * v_s + v_head; }
