@@ -326,50 +326,64 @@ TEST(CudaDispatch, WarpSpecialisedForwardConsumers) {
 
 // The decode kernels' short-range configuration (decode_rules.hpp, decode_short_keys): one 16-row block of packed
 // rows at head dims up to 64 whose windows span at most 3 tiles of 64 keys (with the 15 keys below a 16-key
-// boundary): GPT-OSS's sliding layer at 1 or 2 query rows a sequence.
+// boundary), over more blocks than the default configuration's 3 an SM hold: GPT-OSS's sliding layer at 1 or 2
+// query rows a sequence from batch 50 on 132 SMs.
 TEST(CudaDispatch, DecodeShortKeys) {
+  DeviceProps h200 = kH200;
+  h200.sms = 132;
   Call c = make_call(SINKATTN_BF16, 64, 1, 64, 8, 127, 0);
   c.s_kv = 8192;
-  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  c.b = 64;  // 512 blocks of the 8 KV heads: more than 3 an SM hold
+  KernelChoice k = choose_kernels(c, h200, Switches{});
   EXPECT_EQ(k.fwd, FwdKernel::kDecode);
   EXPECT_TRUE(k.decode_short);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "short key range: Q in registers, 3 stages"));
   EXPECT_EQ(decode_max_tiles(c, 16), 3);  // 127 + 0 + 2 rows + 15 = 144 keys
-  EXPECT_TRUE(choose_kernels(c, kA100, Switches{}).decode_short);  // the sm_80 path's kernel, on every GPU
+  DeviceProps a100 = kA100;  // the sm_80 path's kernel, on every GPU
+  a100.sms = 108;
+  EXPECT_TRUE(choose_kernels(c, a100, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);  // the SM count unknown
   Switches off;
   off.no_decode_short = true;
-  EXPECT_FALSE(choose_kernels(c, kH200, off).decode_short);
-  EXPECT_FALSE(has(choose_kernels(c, kH200, off).summary(Pass::kForward), "short key range"));
+  EXPECT_FALSE(choose_kernels(c, h200, off).decode_short);
+  EXPECT_FALSE(has(choose_kernels(c, h200, off).summary(Pass::kForward), "short key range"));
+  // The blocks: b x h_kv above 3 x 132 = 396.
+  c.b = 49;
+  EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
+  c.b = 50;
+  EXPECT_TRUE(choose_kernels(c, h200, Switches{}).decode_short);
+  c.b = 64;
   c.s_q = 2;  // 16 packed rows: still one block
-  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_TRUE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_q = 3;  // 24 packed rows: the 32-row configuration
-  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_q = 1;
   c.window_left = 175;  // 175 + 2 + 15 = 192 keys: 3 tiles
-  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_TRUE(choose_kernels(c, h200, Switches{}).decode_short);
   c.window_left = 176;  // 193: 4 tiles
-  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   EXPECT_EQ(decode_max_tiles(c, 16), 4);
   c.window_left = -1;  // the full layer: every key
-  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_kv = 192;  // unless there are only 3 tiles of them
-  EXPECT_TRUE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_TRUE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_kv = 193;
-  EXPECT_FALSE(choose_kernels(c, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_kv = 8192;
   c.window_left = 127;
   Call wide = c;  // head-dim tile 128: its 16-row kernel keeps Q in shared memory
   wide.d = wide.d_v = 80;
-  EXPECT_FALSE(choose_kernels(wide, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(wide, h200, Switches{}).decode_short);
   Call mha = c;  // group 1: 16 query rows of one head a block, a span of 127 + 16 + 15 keys
   mha.h_kv = mha.h_q;
   mha.group = 1;
   mha.s_q = 16;
-  EXPECT_TRUE(choose_kernels(mha, kH200, Switches{}).decode_short);
+  mha.b = 7;  // 448 blocks
+  EXPECT_TRUE(choose_kernels(mha, h200, Switches{}).decode_short);
   mha.window_left = 161;  // 161 + 16 + 15 = 192
-  EXPECT_TRUE(choose_kernels(mha, kH200, Switches{}).decode_short);
+  EXPECT_TRUE(choose_kernels(mha, h200, Switches{}).decode_short);
   mha.window_left = 162;
-  EXPECT_FALSE(choose_kernels(mha, kH200, Switches{}).decode_short);
+  EXPECT_FALSE(choose_kernels(mha, h200, Switches{}).decode_short);
 }
 
 TEST(CudaDispatch, DecodeAndPagedKv) {

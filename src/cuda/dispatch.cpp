@@ -64,7 +64,8 @@ constexpr SwitchDef kSwitches[] = {
       "A fault suspected of the short-window variant; its A/B against those kernels."},
      [](Switches& s, const char* v) { s.no_window_variant = flag(v); }},
     {{"SINKATTN_CUDA_NO_DECODE_SHORT", "1",
-      "Decode calls whose rows read at most 3 key tiles (a short sliding window) run the default 16-row decode "
+      "Decode calls whose rows read at most 3 key tiles (a short sliding window, many sequences) run the default "
+      "16-row decode "
       "kernel (Q in shared memory beside a 4-stage ring: 3 blocks an SM) instead of its short-range configuration "
       "(Q in registers, 3 stages: 4 blocks an SM).",
       "A fault suspected of the short-range configuration; its A/B."},
@@ -193,7 +194,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
   if (no_decode.empty()) {
     k.fwd = FwdKernel::kDecode;
     k.decode_pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel
-    k.decode_short = !sw.no_decode_short && decode_short_keys(c);
+    k.decode_short = !sw.no_decode_short && decode_short_keys(c, dev.sms);
   } else if (c.paged.on && !no90_fwd.empty()) {
     sm80_paged(no90_fwd);
   } else if (c.paged.on && c.paged.page_size % 8 != 0) {
@@ -376,9 +377,9 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
            " query rows per sequence (dense s_q or varlen max_seqlen_q), fp16 / bf16, head dims up to 128, no "
            "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "
            "kernels. A short key range (one 16-row block of packed rows at head dims up to 64 whose rows read at "
-           "most 3 tiles of 64 keys: a sliding window of up to about 176 keys) runs the 16-row kernel with Q in "
-           "registers and 3 stages, 4 blocks an SM (SINKATTN_CUDA_NO_DECODE_SHORT=1: Q in shared memory, 4 stages, "
-           "3 blocks an SM)."},
+           "most 3 tiles of 64 keys: a sliding window of up to about 176 keys) over more blocks than 3 an SM hold "
+           "runs the 16-row kernel with Q in registers and 3 stages, 4 blocks an SM "
+           "(SINKATTN_CUDA_NO_DECODE_SHORT=1: Q in shared memory, 4 stages, 3 blocks an SM)."},
       {"hopper fwd", "src/cuda/hopper/fwd_sm90_ws.cuh",
        "forward on compute capability 9.0, tiles 64 to 256 (bias / dropout, short sliding windows: 64, 128)",
        "The warp-specialised forward on warpgroup MMA (wgmma): a producer warp loads Q and K / V into a two-stage "

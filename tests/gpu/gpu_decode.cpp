@@ -373,19 +373,24 @@ std::vector<Case> cases(bool small) {
     c.name = "gptoss-sliding-ps" + std::to_string(ps);
     c.wl = 127, c.wr = 0;
     c.seqused = {1000, 127, 128, 129, 143, 144, 145};  // windows starting at, before and after page edges
-    c.expect_kernel = "short key range";  // the 16-row configuration with Q in registers, 3 stages (2 or 3 tiles)
-    add(c);
+    add(c);  // 56 blocks: the default 16-row configuration (the short-range one takes more blocks than 3 an SM hold)
   }
-  // The short-range configuration (decode_rules.hpp, decode_short_keys) at its edges: a window of exactly 3 tiles
-  // (175 keys + 2 rows + 15 below a 16-key boundary: the ring's 3 stages all used, the third refilling Q's buffer),
-  // 16 query rows of one head per block with a two-sided window and varlen queries (rows that see no key, an empty
-  // sequence), head dim 32 with 4 query rows of a group of 4 and pages of 8.
+  // The short-range configuration (decode_rules.hpp, decode_short_keys: a short key range over more blocks, b x h_kv,
+  // than the default configuration's 3 an SM hold: 640 here, above 3 x 132 and 3 x 148) at its edges: a window of
+  // exactly 3 tiles (175 keys + 2 rows + 15 below a 16-key boundary: the ring's 3 stages all used, the third
+  // refilling Q's buffer), 16 query rows of one head per block with a two-sided window and varlen queries (rows that
+  // see no key, empty sequences), head dim 32 with 4 query rows of a group of 4 and pages of 8.
+  const auto lengths = [](std::vector<int32_t> pattern, size_t n) {
+    std::vector<int32_t> v;
+    for (size_t i = 0; i < n; ++i) v.push_back(pattern[i % pattern.size()] + static_cast<int32_t>(i / pattern.size()));
+    return v;
+  };
   {
     Case c;
     c.name = "gptoss-short-window-3-tiles";
     c.wl = 175, c.wr = 0;
     c.page_size = 64;
-    c.seqused = {1000, 176, 191, 192, 500, 1};
+    c.seqused = lengths({1000, 176, 191, 192, 500, 1, 0, 63}, 80);
     c.splits = {1, 0, 2, 3, 128};
     c.expect_kernel = "short key range";
     add(c);
@@ -394,9 +399,9 @@ std::vector<Case> cases(bool small) {
     Case c;
     c.name = "fp16-short-window-twosided-varlen";
     c.dtype = SINKATTN_F16;
-    c.h_q = 4, c.h_kv = 4;
-    c.len_q = {16, 5, 0, 16};
-    c.seqused = {300, 20, 7, 16};
+    c.h_q = 64, c.h_kv = 64;
+    c.len_q = {16, 5, 0, 16, 1, 16, 9, 0, 16, 2};
+    c.seqused = {300, 20, 7, 16, 0, 150, 99, 40, 1, 64};
     c.wl = 100, c.wr = 20;
     c.expect_kernel = "short key range";
     add(c);
@@ -404,9 +409,9 @@ std::vector<Case> cases(bool small) {
   {
     Case c;
     c.name = "bf16-short-window-d32-g4-sq4";
-    c.h_q = 8, c.h_kv = 2, c.d = c.d_v = 32;
+    c.h_q = 128, c.h_kv = 32, c.d = c.d_v = 32;
     c.s_q = 4;
-    c.seqused = {1000, 3, 64, 65};
+    c.seqused = lengths({1000, 3, 64, 65, 0}, 20);
     c.wl = 60, c.wr = 0;
     c.page_size = 8;
     c.st = SINKATTN_SOFTMAX_OFF_BY_ONE;
