@@ -132,10 +132,10 @@ REASONS = {
         "is worth at most a few % (sweep of R12).",
         "2026-12-06-decode-page-split.md"),
     ("decode", "sliding"): (
-        "3 blocks per SM (76 KB of shared memory for a 4-stage ring; a 128-key window uses 3 stages): 11.6 warps per "
-        "SM issue 0.40 instructions per scheduler per cycle and keep DRAM 47% busy (ncu); 4 blocks per SM need 256 "
-        "bytes less per block than a 3-stage ring takes.",
-        "2026-12-06-decode-page-split.md"),
+        "A block reads 2-3 tiles and exits, so each block's chain sequence length -> page table -> K / V is what the "
+        "SM waits on: 4 blocks an SM (the short-range configuration, Q in registers) instead of 3 took batch 256 "
+        "from 36-46% to 41-53% of the streaming read on the H200 (A/B, 2026-12-06); not profiled since.",
+        "2026-12-06-decode-short-range.md"),
 }
 
 INTRO = """\
