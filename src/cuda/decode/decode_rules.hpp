@@ -43,7 +43,7 @@ inline int64_t decode_max_tiles(const Call& c, int64_t block_m) {
 // that a 4-stage ring would hold a stage no tile uses, and more blocks (b x h_kv) than the default configuration's
 // 3 an SM hold on the device's `sms` multiprocessors (0: unknown, no). Measured on an H200 (GPT-OSS sliding decode,
 // bench/log/2026-12-06-decode-short-range.md): 1.13-1.48x faster from batch 64 (512 blocks), where the fourth block
-// an SM hides one more chain sequence length -> page table -> K / V; 0.4-3.7% slower at batch 1 and 8 (8 and 64
+// an SM hides one more chain sequence length -> page table -> K / V; 0.7-8% slower at batch 1 and 8 (8 and 64
 // blocks), where no SM holds three and the third tile's load waits for the first tile's barrier.
 constexpr int kDecodeDefaultBlocksPerSm = 3;  // the 16-row configuration at head-dim tile 64: 76,032 bytes a block
 inline bool decode_short_keys(const Call& c, int sms) {
