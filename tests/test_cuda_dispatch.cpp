@@ -338,7 +338,8 @@ TEST(CudaDispatch, DecodeShortKeys) {
   EXPECT_EQ(k.fwd, FwdKernel::kDecode);
   EXPECT_TRUE(k.decode_short);
   EXPECT_TRUE(has(k.summary(Pass::kForward), "short key range: Q in registers, 3 stages"));
-  EXPECT_EQ(decode_max_tiles(c, 16), 3);  // 127 + 0 + 2 rows + 15 = 144 keys
+  EXPECT_EQ(decode_window_keys(c, 16), 129);  // 127 + 0 + 2 query rows of the 8-head group
+  EXPECT_EQ(decode_max_tiles(c, 16), 3);      // 129 + 15 = 144 keys
   DeviceProps a100 = kA100;  // the sm_80 path's kernel, on every GPU
   a100.sms = 108;
   EXPECT_TRUE(choose_kernels(c, a100, Switches{}).decode_short);
@@ -364,6 +365,7 @@ TEST(CudaDispatch, DecodeShortKeys) {
   EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   EXPECT_EQ(decode_max_tiles(c, 16), 4);
   c.window_left = -1;  // the full layer: every key
+  EXPECT_EQ(decode_window_keys(c, 16), -1);
   EXPECT_FALSE(choose_kernels(c, h200, Switches{}).decode_short);
   c.s_kv = 192;  // unless there are only 3 tiles of them
   EXPECT_TRUE(choose_kernels(c, h200, Switches{}).decode_short);

@@ -63,8 +63,7 @@ DecodePlan plan_decode(const Call& c, bool short_keys) {
   // Keys one block of packed rows can see at most: s_kv (dense extent, varlen max_seqlen_kv, paged capacity), or
   // the window's span when both window bounds are set.
   int64_t kv_bound = c.s_kv;
-  if (c.window_left >= 0 && c.window_right >= 0)
-    kv_bound = std::min<int64_t>(kv_bound, c.window_left + c.window_right + (d.block_m + c.group - 1) / c.group + 16);
+  if (const int64_t w = decode_window_keys(c, d.block_m); w >= 0) kv_bound = std::min<int64_t>(kv_bound, w + 16);
   const int64_t tiles = (kv_bound + 63) / 64 + 1;  // + 1: the first tile starts at a 16-key boundary below k_lo
   if (c.num_splits > 0) {
     d.num_splits = std::min(c.num_splits, kCombineMaxSplits);

@@ -12,7 +12,7 @@
 // zero-filled without being read (paged_kv.cuh: neither are their page-table entries). K and V tiles stream
 // through a kStages-deep cp.async ring.
 //
-// Q in registers (kQRegs, the configuration for short key ranges: a sliding window's row sees at most 3 tiles): the
+// Q in registers (QR, the configuration for short key ranges: a sliding window's row sees at most 3 tiles): the
 // warps read their Q fragments once, and Q's shared memory is the ring's last K buffer, which the first key tile's
 // refill overwrites only after a barrier that follows those reads. With 3 stages the block then takes 55,296 bytes
 // at head dim 64 and 16 rows, and 4 blocks fit on an SM (228 KiB, 1 KiB reserved per block) where 3 fit with Q
@@ -40,7 +40,7 @@
 namespace sinkattn::cuda {
 
 // Tile shapes. HD: head-dim tile (64 or 128); MT: m-tiles of 16 rows per warp; WN: warps along the keys; QR: Q in
-// registers, 3 stages (kQRegs above).
+// registers, 3 stages (above).
 template <int HD, int MT, int WN, bool QR = false>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
@@ -51,7 +51,6 @@ struct DecodeTraits {
   // a 32 x 128 accumulator per warp would spill)
   static constexpr int kBlockN = HD > 64 && WN == 1 ? 32 : 64;
   static constexpr int kKeysPerWarp = kBlockN / WN;
-  static constexpr bool kQRegs = QR;
   static constexpr int kStages = HD <= 64 && !QR ? 4 : 3;
   static constexpr int kStride = HD + 8;     // bf16 / fp16 rows in shared memory
   static constexpr int kAccStride = HD + 4;  // fp32 rows of the merge

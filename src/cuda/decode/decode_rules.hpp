@@ -27,13 +27,19 @@ inline std::string decode_unsupported(const Call& c) {
   return {};
 }
 
+// Keys the windows of a block of block_m packed rows span, when both window bounds are set: wl + wr + the query rows
+// the block's rows belong to (at most (block_m + group - 1) / group); -1 without such a window.
+inline int64_t decode_window_keys(const Call& c, int64_t block_m) {
+  if (c.window_left < 0 || c.window_right < 0) return -1;
+  return c.window_left + c.window_right + (block_m + c.group - 1) / c.group;
+}
+
 // Key tiles of 64 keys (decode_kernel.cuh's kBlockN at head-dim tile 64) that a block of block_m packed rows reads at
-// most: the keys of its query rows' windows when both window bounds are set (wl + wr + rows, and up to 15 below the
-// first, since its tiles start on a 16-key boundary), at most s_kv (the extent, max_seqlen_kv or the paged capacity).
+// most: its window's keys (decode_window_keys) and up to 15 below the first, since its tiles start on a 16-key
+// boundary, at most s_kv (the extent, max_seqlen_kv or the paged capacity).
 inline int64_t decode_max_tiles(const Call& c, int64_t block_m) {
   int64_t keys = c.s_kv;
-  if (c.window_left >= 0 && c.window_right >= 0)
-    keys = std::min<int64_t>(keys, c.window_left + c.window_right + (block_m + c.group - 1) / c.group + 15);
+  if (const int64_t w = decode_window_keys(c, block_m); w >= 0) keys = std::min<int64_t>(keys, w + 15);
   return (keys + 63) / 64;
 }
 
