@@ -1,5 +1,6 @@
 // CUDA backend: K / V rows of one (sequence, KV head), contiguous or through the page table (SPEC.md section 1,
-// paged KV), and a tile loader that reads them with cp.async. The row addressing is core/kv_rows.hpp's
+// paged KV), and two tile loaders that read them with cp.async (a thread per column chunk of several rows: the sm_80
+// forward; threads per row: the decode kernel). The row addressing is core/kv_rows.hpp's
 // kv_row_index, the same one the CPU backend uses (32-bit indices here), with the key's page and row in it from
 // p.page_div (FastDivmod) rather than a division per row: the loaders look up every row of every tile.
 // Rows at or past `rows_valid` are zero-filled and never read, and so are their page-table entries: a sequence's
@@ -64,6 +65,34 @@ __device__ __forceinline__ void load_kv_tiles_async(T* sK, T* sV, const T* k, co
   } else {
 #pragma unroll
     for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) chunk(idx / kChunks, idx % kChunks);
+  }
+}
+
+// The same tiles with each row's page looked up once: kThreadsPerRow = NTHREADS / ROWS consecutive threads take row
+// tid / kThreadsPerRow and its 16-byte chunks c, c + kThreadsPerRow, ... (c = tid % kThreadsPerRow), K's and V's, so
+// one copy instruction of a warp reads whole 32-byte sectors of its rows. load_kv_tiles_async's threads take 4 rows
+// each at ROWS = 64, 128 threads, and the addressing of a row (page split, page-table load, 64-bit offsets) was
+// most of the decode kernel's instructions per key (about 75 a row in the SASS of its key loop). The decode kernel
+// calls it per warp (ROWS = 16, NTHREADS = 32: the keys its warp alone reads) or per block.
+template <int ROWS, int HD, int NTHREADS, typename T>
+__device__ __forceinline__ void load_kv_rows_async(T* sK, T* sV, const T* k, const T* v, const KvRows& kr, int j0,
+                                                   int row_lo, int row_hi, int d, int d_v, int tid) {
+  constexpr int kChunks = HD / 8, kStride = HD + 8, kThreadsPerRow = NTHREADS / ROWS;
+  static_assert(NTHREADS % ROWS == 0 && kChunks % kThreadsPerRow == 0, "whole rows, whole chunks per thread");
+  const int r = tid / kThreadsPerRow, c0 = tid % kThreadsPerRow;
+  const bool row_ok = r >= row_lo && r < row_hi;
+  const KvRowIndex ri = row_ok ? kr.index(j0 + r) : KvRowIndex{0, 0};
+  // A chunk that is not copied reads nothing (cp_async16, src-size 0), so its address needs no select: one base
+  // per row and immediate offsets (a row outside the range addresses the pools' first row).
+  const T* k_src = (row_ok ? k + kr.k_off(ri) : k) + c0 * 8;
+  const T* v_src = (row_ok ? v + kr.v_off(ri) : v) + c0 * 8;
+  T* k_dst = sK + r * kStride + c0 * 8;
+  T* v_dst = sV + r * kStride + c0 * 8;
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreadsPerRow; ++i) {
+    const int cc = c0 + i * kThreadsPerRow, at = i * kThreadsPerRow * 8;
+    cp_async16(k_dst + at, k_src + at, row_ok && cc * 8 < d);
+    cp_async16(v_dst + at, v_src + at, row_ok && cc * 8 < d_v);
   }
 }
 
