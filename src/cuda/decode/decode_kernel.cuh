@@ -24,8 +24,8 @@
 // merged in shared memory (m = max m_w, l = sum l_w 2^(m_w - m), acc likewise). With one warp along M (WN = 4:
 // the configurations of 16 and 32 packed rows), a warp's 16 keys of a tile are read by it alone, so each warp
 // loads its own K / V rows into the ring and waits for its own copies (__syncwarp): the warps step through the
-// tiles without a block barrier. Either way a row's page is looked up once, by the 2 or 4 threads that copy its
-// K and V chunks (paged_kv.cuh, load_kv_rows_async).
+// tiles without a block barrier, and each lane looks up one row's page where the block loader's threads look up
+// four (paged_kv.cuh, load_kv_warp_rows_async).
 //
 // The sink (SPEC 2, NOTES-kernels.md): the split num_splits - 1 carries it, as an already-seen key of warp column 0
 // (OnlineSoftmax::init(sigma)); every other split and warp starts vanilla. Without splits the CTA writes out and
@@ -67,7 +67,7 @@ struct DecodeTraits {
   static_assert(!QR || kBlockM <= kBlockN, "Q fits in a K buffer of the ring");
   // With one warp along M (WN = kWarps), no two warps read the same keys: each loads its own (kOwnKeys).
   static constexpr bool kOwnKeys = WN == kWarps;
-  static_assert(!kOwnKeys || kKeysPerWarp == 16, "a warp's keys: 16 rows, 2 threads a row");
+  static_assert(!kOwnKeys || kKeysPerWarp == 16, "a warp's keys: 16 rows (load_kv_warp_rows_async)");
 };
 
 // The configurations compiled: index -> (MT, WN, QR), kBlockM = 16, 32, 64, 128 packed rows; 4: 16 rows with Q in
@@ -157,11 +157,11 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
     const int stage = (t - tile_lo) % ST;
     if constexpr (kOwnKeys) {
       const int j0 = t_base + t * BN + warp_n * KW, at = stage * BN * LD + warp_n * KW * LD;
-      load_kv_rows_async<KW, HD, 32>(sK + at, sV + at, kp, vp, kr, j0, k_lo - j0, k_hi - j0, p.d, p.d_v, lane);
+      load_kv_warp_rows_async<HD>(sK + at, sV + at, kp, vp, kr, j0, k_lo - j0, k_hi - j0, p.d, p.d_v, lane);
     } else {
       const int j0 = t_base + t * BN;
-      load_kv_rows_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
-                                      p.d, p.d_v, tid);
+      load_kv_tiles_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
+                                       p.d, p.d_v, tid);
     }
   };
   auto sync_tile = [] {
