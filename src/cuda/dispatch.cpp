@@ -65,9 +65,8 @@ constexpr SwitchDef kSwitches[] = {
      [](Switches& s, const char* v) { s.no_window_variant = flag(v); }},
     {{"SINKATTN_CUDA_NO_DECODE_SHORT", "1",
       "Decode calls whose rows read at most 3 key tiles (a short sliding window, many sequences) run the default "
-      "16-row decode "
-      "kernel (Q in shared memory beside a 4-stage ring: 3 blocks an SM) instead of its short-range configuration "
-      "(Q in registers, 3 stages: 4 blocks an SM).",
+      "16-row decode kernel (Q in shared memory beside a 4-stage ring: 3 blocks an SM) instead of its short-range "
+      "configuration (Q in registers, 3 stages: 4 blocks an SM).",
       "A fault suspected of the short-range configuration; its A/B."},
      [](Switches& s, const char* v) { s.no_decode_short = flag(v); }},
     {{"SINKATTN_CUDA_FWD_SECTION", "N",

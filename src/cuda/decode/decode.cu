@@ -10,6 +10,10 @@
 
 namespace sinkattn::cuda {
 
+// decode_rules.hpp's block-count rule (host-only, so a literal there) is the blocks an SM holds of this kernel.
+static_assert(DecodeTraits<64, kDecodeMT[0], kDecodeWN[0]>::kMinBlocks == kDecodeDefaultBlocksPerSm,
+              "kDecodeDefaultBlocksPerSm: the default 16-row configuration's blocks an SM at head-dim tile 64");
+
 namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
