@@ -1,6 +1,6 @@
 // CUDA backend: K / V rows of one (sequence, KV head), contiguous or through the page table (SPEC.md section 1,
-// paged KV), and a tile loader that reads them with cp.async. The row addressing is core/kv_rows.hpp's
-// kv_row_index, the same one the CPU backend uses (32-bit indices here), with the key's page and row in it from
+// paged KV), and the loaders that read them with cp.async (whole tiles by a block; a warp's own rows). The row
+// addressing is core/kv_rows.hpp's kv_row_index, the same one the CPU backend uses (32-bit indices here), with the key's page and row in it from
 // p.page_div (FastDivmod) rather than a division per row: the loaders look up every row of every tile.
 // Rows at or past `rows_valid` are zero-filled and never read, and so are their page-table entries: a sequence's
 // entries past ceil(seqused_kv[n] / page_size) are never touched (SPEC.md section 1).
@@ -64,6 +64,38 @@ __device__ __forceinline__ void load_kv_tiles_async(T* sK, T* sV, const T* k, co
   } else {
 #pragma unroll
     for (int idx = tid; idx < ROWS * kChunks; idx += NTHREADS) chunk(idx / kChunks, idx % kChunks);
+  }
+}
+
+// The K and V rows of one warp's 16 keys j0 .. j0 + 15 (the decode kernel, whose warps each read their own keys),
+// into shared memory as load_kv_tiles_async stores them (rows outside [row_lo, row_hi) and columns >= d / d_v
+// zero-filled without being read). Lane l looks up row l % 16 once (its page, the page-table load, the 64-bit
+// offsets: about 75 instructions a row in the decode kernel's SASS, 4 rows a thread in load_kv_tiles_async) and
+// holds the address of its K (l < 16) or V (l >= 16) row; the copies then take whole rows, kLanesPerRow lanes a row,
+// each lane receiving its row's address by shuffle, so that every copy instruction reads whole 128-byte lines.
+// (Copies of 32-byte pieces of 16 rows, a row's page looked up by the two lanes that copy it, read K / V at no more
+// than 72% of a streaming read on an H100, against up to 93% line by line: bench/log/2026-12-07-decode-warp-rows.md.)
+template <int HD, typename T>
+__device__ __forceinline__ void load_kv_warp_rows_async(T* sK, T* sV, const T* k, const T* v, const KvRows& kr,
+                                                        int j0, int row_lo, int row_hi, int d, int d_v, int lane) {
+  constexpr int kChunks = HD / 8, kStride = HD + 8;
+  constexpr int kLanesPerRow = kChunks < 32 ? kChunks : 32, kRowsPerStep = 32 / kLanesPerRow;
+  static_assert(16 % kRowsPerStep == 0, "whole rows per step");
+  const int mine = lane & 15;
+  const bool mine_ok = mine >= row_lo && mine < row_hi;
+  const KvRowIndex ri = mine_ok ? kr.index(j0 + mine) : KvRowIndex{0, 0};
+  // a row outside the range keeps the pool's base address: its chunks read nothing (cp_async16, src-size 0)
+  const T* row = lane < 16 ? (mine_ok ? k + kr.k_off(ri) : k) : (mine_ok ? v + kr.v_off(ri) : v);
+  const auto row_bits = reinterpret_cast<unsigned long long>(row);
+  const int cc = lane % kLanesPerRow;
+#pragma unroll
+  for (int r0 = 0; r0 < 16; r0 += kRowsPerStep) {
+    const int r = r0 + lane / kLanesPerRow;
+    const T* k_row = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, row_bits, r));
+    const T* v_row = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, row_bits, 16 + r));
+    const bool ok = r >= row_lo && r < row_hi;
+    cp_async16(sK + r * kStride + cc * 8, k_row + cc * 8, ok && cc * 8 < d);
+    cp_async16(sV + r * kStride + cc * 8, v_row + cc * 8, ok && cc * 8 < d_v);
   }
 }
 

@@ -21,7 +21,11 @@
 //
 // Warps: 4 per CTA, kWM along M (16 * kMT rows each) x WN along the keys of a tile (kBlockN / WN keys each): every
 // warp runs its own online softmax (softmax.cuh) over its keys; at the end the WN partial states of a row are
-// merged in shared memory (m = max m_w, l = sum l_w 2^(m_w - m), acc likewise).
+// merged in shared memory (m = max m_w, l = sum l_w 2^(m_w - m), acc likewise). With one warp along M (WN = 4:
+// the configurations of 16 and 32 packed rows), a warp's 16 keys of a tile are read by it alone, so each warp
+// loads its own K / V rows into the ring and waits for its own copies (__syncwarp): the warps step through the
+// tiles without a block barrier, and each lane looks up one row's page where the block loader's threads look up
+// four (paged_kv.cuh, load_kv_warp_rows_async).
 //
 // The sink (SPEC 2, NOTES-kernels.md): the split num_splits - 1 carries it, as an already-seen key of warp column 0
 // (OnlineSoftmax::init(sigma)); every other split and warp starts vanilla. Without splits the CTA writes out and
@@ -61,6 +65,9 @@ struct DecodeTraits {
   static constexpr int kMinBlocks = (227 * 1024) / (kSmem + 1024) < 1 ? 1 : (227 * 1024) / (kSmem + 1024);
   static_assert(kWarps % WN == 0 && kKeysPerWarp % 16 == 0, "tile shape");
   static_assert(!QR || kBlockM <= kBlockN, "Q fits in a K buffer of the ring");
+  // With one warp along M (WN = kWarps), no two warps read the same keys: each loads its own (kOwnKeys).
+  static constexpr bool kOwnKeys = WN == kWarps;
+  static_assert(!kOwnKeys || kKeysPerWarp == 16, "a warp's keys: 16 rows (load_kv_warp_rows_async)");
 };
 
 // The configurations compiled: index -> (MT, WN, QR), kBlockM = 16, 32, 64, 128 packed rows; 4: 16 rows with Q in
@@ -143,10 +150,25 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   const KvRows kr(p, sq, n, hk);
   const T* kp = static_cast<const T*>(p.k);
   const T* vp = static_cast<const T*>(p.v);
+  // kOwnKeys: the warp loads the K / V rows of its own keys of every tile and waits for its own copies (__syncwarp);
+  // else the block loads whole tiles (__syncthreads).
+  constexpr bool kOwnKeys = Tr::kOwnKeys;
   auto load_tile = [&](int t) {
-    const int j0 = t_base + t * BN, stage = (t - tile_lo) % ST;
-    load_kv_tiles_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
-                                     p.d, p.d_v, tid);
+    const int stage = (t - tile_lo) % ST;
+    if constexpr (kOwnKeys) {
+      const int j0 = t_base + t * BN + warp_n * KW, at = stage * BN * LD + warp_n * KW * LD;
+      load_kv_warp_rows_async<HD>(sK + at, sV + at, kp, vp, kr, j0, k_lo - j0, k_hi - j0, p.d, p.d_v, lane);
+    } else {
+      const int j0 = t_base + t * BN;
+      load_kv_tiles_async<BN, HD, NTH>(sK + stage * BN * LD, sV + stage * BN * LD, kp, vp, kr, j0, k_lo - j0, k_hi - j0,
+                                       p.d, p.d_v, tid);
+    }
+  };
+  auto sync_tile = [] {
+    if constexpr (kOwnKeys)
+      __syncwarp();
+    else
+      __syncthreads();
   };
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) {
@@ -154,14 +176,18 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
     cp_async_commit();  // one group per stage, empty or not, so that the wait below counts stages
   }
 
-  // QR: the warp's Q fragments, read once tile_lo's group (which holds Q's copies) has landed; the loop's first
-  // barrier then precedes the refill of the buffer Q occupies.
+  // Q (every warp reads rows other warps copied): once tile_lo's group (which holds Q's copies) has landed, a block
+  // barrier. QR: the warps then read their Q fragments, and a second barrier precedes the refill of the buffer Q
+  // occupies (the first tile's loads in the loop, which with kOwnKeys no block barrier precedes).
   uint32_t qa[QR ? HD / 16 : 1][MT][4];
   (void)qa;
-  if constexpr (QR) {
+  if constexpr (QR || kOwnKeys) {
     cp_async_wait<ST - 2>();
     __syncthreads();
+  }
+  if constexpr (QR) {
     load_a_m<MT, HD, LD>(qa, sQ + warp_m * 16 * MT * LD, lane);
+    __syncthreads();
   }
 
   OnlineSoftmax<NT> sm[MT];
@@ -173,7 +199,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
 
   for (int t = tile_lo; t < tile_hi; ++t) {
     cp_async_wait<ST - 2>();  // tile t has landed
-    __syncthreads();          // ... for every thread, and every warp is done with the stage refilled next
+    sync_tile();              // ... for every thread that reads it, and each is done with the stage refilled next
     if (t + ST - 1 < tile_hi) load_tile(t + ST - 1);
     cp_async_commit();
     const int stage = (t - tile_lo) % ST;
