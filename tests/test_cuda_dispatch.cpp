@@ -324,6 +324,33 @@ TEST(CudaDispatch, WarpSpecialisedForwardConsumers) {
   EXPECT_FALSE(choose_kernels(make_call(SINKATTN_BF16, 64, 100, 8, 8, -1, 0), kH200, Switches{}).fwd_tma);
 }
 
+// The decode splits combined in their thread-block cluster (KernelChoice::decode_cluster): on compute capability 9.0
+// and above unless SINKATTN_CUDA_NO_DECODE_CLUSTER is set; the summary says where the splits are combined.
+TEST(CudaDispatch, DecodeCluster) {
+  Call c = make_call(SINKATTN_BF16, 64, 1, 64, 8, -1, 0);
+  c.s_kv = 1024;
+  KernelChoice k = choose_kernels(c, kH200, Switches{});
+  ASSERT_EQ(k.fwd, FwdKernel::kDecode);
+  EXPECT_TRUE(k.decode_cluster);
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "combine in the cluster's shared memory (2 splits"));
+  EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).decode_cluster);  // no clusters before sm_90
+  EXPECT_FALSE(has(choose_kernels(c, kA100, Switches{}).summary(Pass::kForward), "cluster"));
+  Switches off;
+  off.no_decode_cluster = true;
+  EXPECT_FALSE(choose_kernels(c, kH200, off).decode_cluster);
+  EXPECT_EQ(kDecodeClusterMaxSplits, 8);  // the portable cluster size, as the switch's text says
+  // Which calls cluster their splits: 2 splits at any grid; 3 .. 8 on at most one block an SM; never 1 or over 8.
+  EXPECT_TRUE(decode_cluster_splits(2, 4096, 132));
+  EXPECT_TRUE(decode_cluster_splits(2, 4096, 0));
+  EXPECT_TRUE(decode_cluster_splits(6, 8, 132));     // batch 1, 8 KV heads: 48 blocks
+  EXPECT_FALSE(decode_cluster_splits(6, 64, 132));   // batch 8: 384 blocks
+  EXPECT_TRUE(decode_cluster_splits(8, 16, 132));    // 128 blocks
+  EXPECT_FALSE(decode_cluster_splits(8, 17, 132));   // 136
+  EXPECT_FALSE(decode_cluster_splits(6, 8, 0));      // the SM count unknown
+  EXPECT_FALSE(decode_cluster_splits(1, 8, 132));
+  EXPECT_FALSE(decode_cluster_splits(9, 1, 132));
+}
+
 // The decode kernels' short-range configuration (decode_rules.hpp, decode_short_keys): one 16-row block of packed
 // rows at head dims up to 64 whose windows span at most 3 tiles of 64 keys (with the 15 keys below a 16-key
 // boundary), over more blocks than the default configuration's 3 an SM hold: GPT-OSS's sliding layer at 1 or 2
@@ -399,7 +426,7 @@ TEST(CudaDispatch, DecodeAndPagedKv) {
   // The split combine by programmatic dependent launch: compute capability 9.0 and above, off under
   // SINKATTN_CUDA_NO_PDL, decided apart from the backward's (KernelChoice::pdl) for the same call.
   EXPECT_TRUE(k.decode_pdl);
-  EXPECT_TRUE(has(k.summary(Pass::kForward), "combine by programmatic dependent launch"));
+  EXPECT_TRUE(has(k.summary(Pass::kForward), "combine kernel by programmatic dependent launch"));
   EXPECT_FALSE(choose_kernels(c, kA100, Switches{}).decode_pdl);
   Switches no_pdl;
   no_pdl.no_pdl = true;
@@ -817,7 +844,8 @@ TEST(CudaDispatch, SwitchTable) {
   const auto same = [](const Switches& a, const Switches& b) {
     return a.no_sm90 == b.no_sm90 && a.no_tma == b.no_tma && a.det_sm80 == b.det_sm80 && a.no_decode == b.no_decode &&
            a.no_pdl == b.no_pdl && a.no_window_variant == b.no_window_variant &&
-           a.no_decode_short == b.no_decode_short && a.fwd_section == b.fwd_section;
+           a.no_decode_short == b.no_decode_short && a.no_decode_cluster == b.no_decode_cluster &&
+           a.fwd_section == b.fwd_section;
   };
   static std::string name, value;  // the one variable the lookup below sets
   const auto env = [](const char* v) -> const char* { return v == name ? value.c_str() : nullptr; };

@@ -224,6 +224,7 @@ Params make_params(const Call& c, const Workspace& w) {
   k.h_q = static_cast<int>(c.h_q);
   k.h_kv = static_cast<int>(c.h_kv);
   k.group = static_cast<int>(c.group);
+  k.group_div = FastDivmod(static_cast<uint32_t>(c.group));
   k.d = static_cast<int>(c.d);
   k.d_v = static_cast<int>(c.d_v);
   k.rows_total_q = w.rows_total_q;
@@ -402,11 +403,23 @@ class CudaBackend final : public Backend {
     const cuda::KernelChoice kc = kernel_choice(c);
     *bytes = workspace_layout(c, kc).total;
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode)
-      *bytes = cuda::plan_decode(c, kc.decode_short).bytes;  // the split partials (none without splits)
+      *bytes = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster).bytes;  // the split partials, if any
     return Status::ok();
   }
 
-  std::string kernel_report(const Call& c) const override { return kernel_choice(c).summary(c.pass); }
+  // The kernels' summary; a decode forward adds its plan's key splits and where they are combined.
+  std::string kernel_report(const Call& c) const override {
+    const cuda::KernelChoice kc = kernel_choice(c);
+    std::string s = kc.summary(c.pass);
+    if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode && c.dtype != SINKATTN_F32) {
+      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster);
+      if (dp.use)
+        s += "; " + std::to_string(dp.num_splits) + (dp.num_splits == 1 ? " key split"
+                                                      : dp.cluster ? " key splits, one cluster"
+                                                                   : " key splits + the combine kernel");
+    }
+    return s;
+  }
 
   Status run(const Call& c) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::run(c);
@@ -423,7 +436,7 @@ class CudaBackend final : public Backend {
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
       return run_decode(c, dp, kc.decode_pdl, k, st);

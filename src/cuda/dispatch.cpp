@@ -69,6 +69,12 @@ constexpr SwitchDef kSwitches[] = {
       "configuration (Q in registers, 3 stages: 4 blocks an SM).",
       "A fault suspected of the short-range configuration; its A/B."},
      [](Switches& s, const char* v) { s.no_decode_short = flag(v); }},
+    {{"SINKATTN_CUDA_NO_DECODE_CLUSTER", "1",
+      "Decode calls of 2 key splits, or of up to 8 on at most one block an SM, write each split's partial to the "
+      "workspace and merge them in the split combine kernel, instead of launching the splits as one thread-block "
+      "cluster that merges them in its shared memory (Hopper).",
+      "A fault suspected of the cluster combine; its A/B against the combine kernel."},
+     [](Switches& s, const char* v) { s.no_decode_cluster = flag(v); }},
     {{"SINKATTN_CUDA_FWD_SECTION", "N",
       "The warp-specialised Hopper forward walks its tiles in L2 sections of N (head, sequence) pairs; 0: no "
       "sections (the plain longest-first order). Unset: the pairs whose K / V fit 5/8 of the L2.",
@@ -194,6 +200,7 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     k.fwd = FwdKernel::kDecode;
     k.decode_pdl = !sw.no_pdl && dev.cc_major >= 9;  // the split combine after the decode kernel
     k.decode_short = !sw.no_decode_short && decode_short_keys(c, dev.sms);
+    k.decode_cluster = !sw.no_decode_cluster && dev.cc_major >= 9;
   } else if (c.paged.on && !no90_fwd.empty()) {
     sm80_paged(no90_fwd);
   } else if (c.paged.on && c.paged.page_size % 8 != 0) {
@@ -295,6 +302,8 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm80Paged: s = "sm80 fwd (mma.sync, paged KV)"; break;
       case FwdKernel::kDecode:
         return std::string("decode (query heads of a KV group packed per tile, split-KV + combine") +
+               (decode_cluster ? " in the cluster's shared memory (2 splits, or up to 8 on at most one block an SM),"
+                                 " else the combine kernel" : "") +
                (decode_pdl ? " by programmatic dependent launch" : "") +
                (decode_short ? "; short key range: Q in registers, 3 stages" : "") +
                "; splits from decode/decode.cu's plan or num_splits)";
@@ -369,9 +378,12 @@ const sinkattn_kernel_family_t* kernel_families(int* count) {
        "forward of up to " + to_string(kDecodeMaxQueries) +
            " query rows per sequence, fp16 / bf16, head dims up to 128, no bias / dropout",
        "Split-KV decode kernels on every GPU: the query heads of a KV group packed into one tile, the keys split "
-       "over blocks (decode/decode.cu's plan, or num_splits), a combine kernel that merges the splits with the "
-       "sink counted once (launched with programmatic dependent launch on compute capability 9.0 and above; "
-       "SINKATTN_CUDA_NO_PDL=1: without); contiguous or paged KV (page_table). For forward calls with at most " +
+       "over blocks (decode/decode.cu's plan, or num_splits), the splits merged with the sink counted once: on "
+       "compute capability 9.0 and above 2 splits, or up to " + to_string(kDecodeClusterMaxSplits) + " on at most "
+       "one block an SM, as one thread-block cluster that merges them in its shared memory "
+       "(SINKATTN_CUDA_NO_DECODE_CLUSTER=1: the combine kernel), others by a combine kernel launched with "
+       "programmatic dependent launch (SINKATTN_CUDA_NO_PDL=1: without); contiguous or paged KV (page_table). For "
+       "forward calls with at most " +
            to_string(kDecodeMaxQueries) +
            " query rows per sequence (dense s_q or varlen max_seqlen_q), fp16 / bf16, head dims up to 128, no "
            "bias or dropout, b and h_kv up to 65535. SINKATTN_CUDA_NO_DECODE=1 sends them to the prefill "

@@ -32,6 +32,7 @@ struct Switches {
   bool no_pdl = false;     // SINKATTN_CUDA_NO_PDL
   bool no_window_variant = false;  // SINKATTN_CUDA_NO_WINDOW_VARIANT
   bool no_decode_short = false;    // SINKATTN_CUDA_NO_DECODE_SHORT
+  bool no_decode_cluster = false;  // SINKATTN_CUDA_NO_DECODE_CLUSTER
   int fwd_section = -1;    // SINKATTN_CUDA_FWD_SECTION; -1: the L2 rule (fwd_section_pairs)
 };
 // A row of the switch table: what `sinkattn info` shows (name, values, effect, use) and how the variable's value
@@ -114,6 +115,10 @@ struct KernelChoice {
   // same call. SINKATTN_CUDA_NO_PDL=1 turns it off.
   bool decode_pdl = false;
   bool decode_short = false;  // kDecode: the short-range configuration (decode_rules.hpp, decode_short_keys)
+  // kDecode on compute capability 9.0 and above: a call of 2 to kDecodeClusterMaxSplits key splits launches its
+  // splits as one thread-block cluster and combines them in the cluster's shared memory (decode_kernel.cuh): one
+  // kernel, no partials in global memory, no combine kernel. SINKATTN_CUDA_NO_DECODE_CLUSTER=1 turns it off.
+  bool decode_cluster = false;
   int dq_block_m = 0, dq_block_n = 0;  // dq kernel tile (kDqKernel)
   std::string fwd_why, bwd_why;        // why not the fastest kernel, when that is not what runs ("" otherwise)
 

@@ -98,6 +98,13 @@ struct Params {
   // page_size as a FastDivmod (core/kv_rows.hpp): paged_kv.cuh's KvRows splits key indices into page and row with it
   // (last, as above)
   FastDivmod page_div;
+  // group and num_splits as FastDivmods: the decode kernel splits packed rows into (query row, head of the group)
+  // and its block index into (block of rows, split) with them, a multiply-high each instead of a division (last, as
+  // above)
+  FastDivmod group_div, splits_div;
+  // 1: the decode kernel's num_splits blocks of a (block of rows, KV head, sequence) are one thread-block cluster
+  // that combines the splits in its shared memory (no ws_o_part / ws_lse_part, no combine kernel; last, as above)
+  int decode_cluster;
 };
 
 // One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).

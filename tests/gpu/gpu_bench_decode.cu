@@ -13,8 +13,9 @@
 // replay reads R times the bytes from R distinct buffers, as the decode calls do. Where R times the bytes fits in
 // the L2 (the small sliding configurations), both are served from it alike; "% read" compares the two. The read is
 // the same for both page sizes (it has no pages) and is measured once per batch, context and layer.
-// "splits": the key splits of the call, from its workspace size (the split partials of decode.cu's plan: none without
-// splits); "kernels": 1 without splits, else 2 (the attention and the split combine).
+// "splits": the key splits of the call, from the backend's report of it ("; N key splits", sinkattn_query_backend), or
+// for a library whose report does not say, from its workspace size (the split partials of decode.cu's plan); "kernels":
+// 2 where a combine kernel merges the splits, else 1 (no split, or the splits combined in their cluster).
 // --sweep-splits: each configuration also timed (in the graph) with num_splits forced to 1, 2, 4, ..., 128 (the
 // combine's limit; no more splits than the row has 64-key tiles), one line per configuration under its row: the
 // time of each, the best, and the heuristic's time over the best's; a summary at the end.
@@ -114,6 +115,22 @@ struct StreamRead {
     stream_read<<<blocks, kReadThreads, 0, st>>>(static_cast<const uint4*>(a), static_cast<const uint4*>(b), n, out);
   }
 };
+
+// The key splits of a decode call and its kernel count from the backend's report ("; 6 key splits, one cluster",
+// "; 6 key splits + the combine kernel", "; 1 key split"); false when the report names no split count.
+bool splits_of_report(const sinkattn_params_t& p, int* splits, int* kernels) {
+  char report[2048] = {0};
+  sinkattn_backend_t chosen{};
+  if (sinkattn_query_backend(&p, 0, &chosen, report, sizeof report) != SINKATTN_OK) return false;
+  const char* at = std::strstr(report, " key split");
+  if (at == nullptr) return false;
+  const char* num = at;
+  while (num > report && num[-1] >= '0' && num[-1] <= '9') --num;
+  if (num == at) return false;
+  *splits = std::atoi(num);
+  *kernels = std::strstr(at, "combine kernel") != nullptr ? 2 : 1;
+  return true;
+}
 
 // The key splits of a decode call from the workspace its size query reported: decode.cu's plan_decode lays out the
 // fp32 partial outputs of num_splits x h_q x rows (256-byte aligned) then their LSEs, and takes none without splits.
@@ -408,7 +425,11 @@ int main(int argc, char** argv) {
           if (ws_alloc) CK(cudaMalloc(&wsp, ws_alloc));
           p.workspace = wsp;
           p.workspace_bytes = ws_alloc;
-          const int splits = splits_of_workspace(ws, b);
+          int splits = 0, kernels = 0;
+          if (!splits_of_report(p, &splits, &kernels)) {
+            splits = splits_of_workspace(ws, b);
+            kernels = splits > 1 ? 2 : 1;
+          }
           std::vector<sinkattn_params_t> calls(R, p);
           for (int r = 0; r < R; ++r) calls[r].page_table.data = tables + size_t(r) * pages;
           bool ok = true;
@@ -430,7 +451,7 @@ int main(int argc, char** argv) {
           const double gbs = bytes / (t.graph_us * 1e-6) * 1e-9;
           const double read_gbs = bytes / (read_t[sliding].graph_us * 1e-6) * 1e-9;
           const std::string splits_s = splits > 0 ? std::to_string(splits) : "?";
-          const std::string kernels_s = splits > 0 ? std::to_string(splits > 1 ? 2 : 1) : "?";
+          const std::string kernels_s = splits > 0 ? std::to_string(kernels) : "?";
           std::printf("%-8s %4d %5d %7d %10.2f %10.2f %10.2f %9.1f %7.1f%% %7.1f%% %8.2f %9.1f %6s %7s\n", layer, ps, b,
                       ctx, bytes / 1e6, t.graph_us, t.stream_us, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs,
                       t.graph_us / floor_t.graph_us, read_gbs, splits_s.c_str(), kernels_s.c_str());
@@ -445,11 +466,11 @@ int main(int argc, char** argv) {
                                         {"read_us_graph", read_t[sliding].graph_us},
                                         {"read_gbs", read_gbs},
                                         {"splits", splits > 0 ? nlohmann::ordered_json(splits) : nullptr},
-                                        {"kernels", splits > 0 ? nlohmann::ordered_json(splits > 1 ? 2 : 1) : nullptr}};
+                                        {"kernels", splits > 0 ? nlohmann::ordered_json(kernels) : nullptr}};
           if (sweep) {
             // Forced split counts, at most one per 64-key tile a row reads (more only adds empty splits).
             const int tiles = static_cast<int>((keys + 63) / 64);
-            int best = splits;
+            int best = splits, best_kernels = kernels;
             float best_us = t.graph_us;
             std::string line;
             nlohmann::ordered_json times = nlohmann::ordered_json::object();
@@ -467,17 +488,19 @@ int main(int argc, char** argv) {
               if (ts.graph_us < best_us) {
                 best_us = ts.graph_us;
                 best = s;
+                int rs = 0;
+                if (!splits_of_report(forced[0], &rs, &best_kernels)) best_kernels = s > 1 ? 2 : 1;
               }
             }
             const double best_gbs = bytes / (best_us * 1e-6) * 1e-9;
             std::printf("    splits (us, graph):%s | heuristic %s (%s kernel%s) %.2f | best %d (%d kernel%s) %.2f, "
                         "%.1f%% read | heuristic %.2fx the best\n",
                         line.c_str(), splits_s.c_str(), kernels_s.c_str(), splits == 1 ? "" : "s", t.graph_us, best,
-                        best > 1 ? 2 : 1, best > 1 ? "s" : "", best_us, 100.0 * best_gbs / read_gbs,
+                        best_kernels, best_kernels > 1 ? "s" : "", best_us, 100.0 * best_gbs / read_gbs,
                         t.graph_us / best_us);
             row["sweep_us_graph"] = times;
             row["best_splits"] = best;
-            row["best_kernels"] = best > 1 ? 2 : 1;
+            row["best_kernels"] = best_kernels;
             row["best_us_graph"] = best_us;
             sweep_rows.push_back({tag, splits, best, t.graph_us, best_us});
           }

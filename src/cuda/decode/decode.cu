@@ -48,7 +48,7 @@ void device_shape(int* sms, int* smem_per_sm) {
 
 int decode_smem_bytes(int hd, int config) { return hd <= 64 ? smem_of<64>(config) : smem_of<128>(config); }
 
-DecodePlan plan_decode(const Call& c, bool short_keys) {
+DecodePlan plan_decode(const Call& c, bool short_keys, bool cluster) {
   DecodePlan d;
   auto no = [&](std::string why) {
     d.why_not = std::move(why);
@@ -69,11 +69,11 @@ DecodePlan plan_decode(const Call& c, bool short_keys) {
   int64_t kv_bound = c.s_kv;
   if (const int64_t w = decode_window_keys(c, d.block_m); w >= 0) kv_bound = std::min<int64_t>(kv_bound, w + 16);
   const int64_t tiles = (kv_bound + 63) / 64 + 1;  // + 1: the first tile starts at a 16-key boundary below k_lo
+  int sms = 0, smem_sm = 0;
+  device_shape(&sms, &smem_sm);
   if (c.num_splits > 0) {
     d.num_splits = std::min(c.num_splits, kCombineMaxSplits);
   } else {
-    int sms = 0, smem_sm = 0;
-    device_shape(&sms, &smem_sm);
     const int smem = decode_smem_bytes(d.hd, d.config);
     const int64_t per_sm = std::clamp<int64_t>(smem_sm / (smem + 1024), 1, 4);
     const int64_t ctas = std::max<int64_t>(c.b * c.h_kv * d.m_blocks, 1), slots = std::max<int64_t>(sms, 1) * per_sm;
@@ -99,7 +99,9 @@ DecodePlan plan_decode(const Call& c, bool short_keys) {
     d.num_splits = static_cast<int>((tiles + per - 1) / per);
   }
   if (static_cast<int64_t>(d.m_blocks) * d.num_splits > (int64_t{1} << 31) - 1) return no("grid too large");
-  if (d.num_splits > 1) {
+  // The splits as one cluster (decode_rules.hpp, decode_cluster_splits).
+  d.cluster = cluster && decode_cluster_splits(d.num_splits, c.b * c.h_kv * d.m_blocks, sms);
+  if (d.num_splits > 1 && !d.cluster) {
     const size_t rows = static_cast<size_t>(d.num_splits) * c.h_q * d.rows_total_q;
     d.lse_part = align256(rows * c.d_v * sizeof(float));
     d.bytes = align256(d.lse_part + rows * sizeof(float));
@@ -110,10 +112,13 @@ DecodePlan plan_decode(const Call& c, bool short_keys) {
 
 void bind_decode(const DecodePlan& plan, void* workspace, Params* p) {
   p->num_splits = plan.num_splits;
+  p->splits_div = FastDivmod(static_cast<uint32_t>(plan.num_splits));
+  p->decode_cluster = plan.cluster ? 1 : 0;
   p->rows_total_q = plan.rows_total_q;
   char* ws = static_cast<char*>(workspace);
-  p->ws_o_part = plan.num_splits > 1 ? reinterpret_cast<float*>(ws) : nullptr;
-  p->ws_lse_part = plan.num_splits > 1 ? reinterpret_cast<float*>(ws + plan.lse_part) : nullptr;
+  const bool partials = plan.num_splits > 1 && !plan.cluster;
+  p->ws_o_part = partials ? reinterpret_cast<float*>(ws) : nullptr;
+  p->ws_lse_part = partials ? reinterpret_cast<float*>(ws + plan.lse_part) : nullptr;
 }
 
 template <typename T>
@@ -121,7 +126,7 @@ cudaError_t launch_decode(const Params& p, const DecodePlan& plan, bool pdl, cud
   if (p.b == 0 || p.h_kv == 0 || plan.m_blocks == 0) return cudaSuccess;
   cudaError_t e = plan.hd == 64 ? launch_decode_tile<T, 64>(p, plan.config, plan.m_blocks, stream)
                                 : launch_decode_tile<T, 128>(p, plan.config, plan.m_blocks, stream);
-  if (e != cudaSuccess || plan.num_splits <= 1) return e;
+  if (e != cudaSuccess || plan.num_splits <= 1 || plan.cluster) return e;
   const int64_t pairs = static_cast<int64_t>(std::max(p.s_q, 1)) * p.h_q;
   const dim3 grid(static_cast<unsigned>((pairs + 3) / 4), static_cast<unsigned>(p.b));
   return launch_kernel(decode_combine_kernel<T>, grid, dim3(128), 0, stream, pdl, p);

@@ -24,6 +24,7 @@ struct DecodePlan {
   int block_m = 0;      // packed (query row, head of the group) rows per CTA
   int m_blocks = 0;     // CTAs along the packed rows of one (sequence, KV head)
   int num_splits = 1;   // key splits (1: no split, no combine, no workspace)
+  bool cluster = false; // the splits as one thread-block cluster, combined in its shared memory (no workspace)
   int64_t rows_total_q = 0;
   size_t lse_part = 0, bytes = 0;  // workspace: o partials at 0, lse partials at lse_part, `bytes` in all
 };
@@ -35,13 +36,15 @@ struct DecodePlan {
 // 85% of the best wave efficiency, at least two key tiles per split, none when a row sees fewer than 8 tiles (512
 // keys) or the CTAs already make 4 waves; then as few splits as cover the tiles at that count's tiles per split.
 // short_keys: the short-range configuration (KernelChoice::decode_short, decode_rules.hpp's decode_short_keys).
-DecodePlan plan_decode(const Call& c, bool short_keys);
+// cluster: 2 to kDecodeClusterMaxSplits splits run as one cluster and need no workspace (KernelChoice::decode_cluster).
+DecodePlan plan_decode(const Call& c, bool short_keys, bool cluster);
 
-// Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q).
+// Points p at the plan's split buffers in `workspace` (num_splits, ws_o_part, ws_lse_part, rows_total_q,
+// decode_cluster).
 void bind_decode(const DecodePlan& plan, void* workspace, Params* p);
 
-// The decode kernel, and the combine when the plan splits, on `stream`; pdl: the combine with programmatic dependent
-// launch (KernelChoice::decode_pdl).
+// The decode kernel, and the combine when the plan splits outside a cluster, on `stream`; pdl: the combine with
+// programmatic dependent launch (KernelChoice::decode_pdl).
 template <typename T>
 cudaError_t launch_decode(const Params& p, const DecodePlan& plan, bool pdl, cudaStream_t stream);
 

@@ -30,11 +30,20 @@
 // The sink (SPEC 2, NOTES-kernels.md): the split num_splits - 1 carries it, as an already-seen key of warp column 0
 // (OnlineSoftmax::init(sigma)); every other split and warp starts vanilla. Without splits the CTA writes out and
 // softmax_lse itself (dense padding rows i >= len_q: out = 0, LSE = sigma). With splits every split, also an empty
-// one, writes its partial (o = acc / l, lse; an empty split: o = 0, lse = -inf, or sigma for the carrying one) for
-// the rows i < len_q, and decode_combine.cuh merges them.
+// one, makes its partial (o = acc / l, lse; an empty split: o = 0, lse = -inf, or sigma for the carrying one):
+//   - in global memory (ws_o_part, ws_lse_part) for the rows i < len_q, merged by decode_combine.cuh's kernel;
+//   - or, Params::decode_cluster (Hopper, 2 .. kDecodeClusterMaxSplits splits), in its own shared memory: the splits
+//     of a block of rows are one thread-block cluster (block rank = split), and after a cluster barrier block c
+//     merges rows c, c + S, ... of every split's partial, read through distributed shared memory, by the combine
+//     kernel's formula (lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) o_s), for all of the block's rows
+//     (dense padding rows too: only the carrying split has their lse, sigma, and every o_s is 0); a second cluster
+//     barrier keeps every block's shared memory until its peers have read it. One kernel, no workspace.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "cuda/common.cuh"
+#include "cuda/decode/decode_rules.hpp"
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/paged_kv.cuh"
@@ -59,7 +68,9 @@ struct DecodeTraits {
   static constexpr int kStride = HD + 8;     // bf16 / fp16 rows in shared memory
   static constexpr int kAccStride = HD + 4;  // fp32 rows of the merge
   static constexpr int kSmemTiles = ((QR ? 0 : kBlockM) + 2 * kStages * kBlockN) * kStride * 2;
-  static constexpr int kSmemMerge = (WN * kBlockM * kAccStride + 2 * WN * kBlockM + WN * kBlockM + kBlockM) * 4;
+  // the merge: acc, m, l, factor per warp column, LSE per row; then the cluster combine's weights per row and split
+  static constexpr int kSmemMerge =
+      (WN * kBlockM * kAccStride + 2 * WN * kBlockM + WN * kBlockM + kBlockM + kBlockM * kDecodeClusterMaxSplits) * 4;
   static constexpr int kSmem = kSmemTiles > kSmemMerge ? kSmemTiles : kSmemMerge;
   // __launch_bounds__ minimum blocks per SM: what 227 KiB of shared memory holds (1 KiB reserved per block)
   static constexpr int kMinBlocks = (227 * 1024) / (kSmem + 1024) < 1 ? 1 : (227 * 1024) / (kSmem + 1024);
@@ -79,6 +90,68 @@ constexpr int kDecodeWN[kDecodeConfigs] = {4, 4, 2, 1, 4};
 constexpr bool kDecodeQR[kDecodeConfigs] = {false, false, false, false, true};
 constexpr int kDecodeBlockM[kDecodeConfigs] = {16, 32, 64, 128, 16};
 
+// The cluster combine (Params::decode_cluster; the file comment): every split's partial of the block's rows is in its
+// block's shared memory: o (normalised) at sO[r * AL + col], its LSE at sLse[r]. Block `rank` (= split) merges rows
+// rank, rank + S, ...: per row the weights w_s = exp(lse_s - lse) into sW, then out = sum_s w_s o_s and
+// softmax_lse = lse. Cluster barriers before (the partials are written) and after (the peers have read them).
+template <typename T, int HD, int BM, int NTH, int AL, typename RowFn, typename HeadFn>
+__device__ __forceinline__ void cluster_combine(const Params& p, float* sO, float* sLse, float* sW, int rank,
+                                                int rows_here, int R0, int n, const SeqInfo& sq,
+                                                const RowFn& query_row, const HeadFn& head_of) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  const int S = p.num_splits, tid = static_cast<int>(threadIdx.x);
+  const int mine = rows_here > rank ? (rows_here - rank + S - 1) / S : 0;  // rows this block merges
+  cl.sync();
+  for (int rr = tid; rr < mine; rr += NTH) {
+    const int r = rank + rr * S;
+    float ls[kDecodeClusterMaxSplits];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterMaxSplits; ++s) {
+      ls[s] = s < S ? *cl.map_shared_rank(sLse + r, s) : -INFINITY;
+      mx = fmaxf(mx, ls[s]);
+    }
+    float sum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kDecodeClusterMaxSplits; ++s) sum += fast_exp2((ls[s] - mx) * kLog2e);
+    }
+    const float lse = mx != -INFINITY ? mx + __logf(sum) : -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterMaxSplits; ++s)
+      sW[rr * kDecodeClusterMaxSplits + s] = lse != -INFINITY ? fast_exp2((ls[s] - lse) * kLog2e) : 0.f;
+    const int R = R0 + r, i = query_row(R);
+    p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, head_of(R, i), sq.q_start + i)] = lse;
+  }
+  __syncthreads();
+  constexpr int kPairs = HD / 2;
+  for (int idx = tid; idx < mine * kPairs; idx += NTH) {
+    const int rr = idx / kPairs, col = 2 * (idx % kPairs);
+    if (col >= p.d_v) continue;
+    const int r = rank + rr * S;
+    float a0 = 0.f, a1 = 0.f;
+    for (int s = 0; s < S; ++s) {  // a split of weight 0 (no key, no sink) is not read
+      const float w = sW[rr * kDecodeClusterMaxSplits + s];
+      if (w != 0.f) {
+        const float2 o = *reinterpret_cast<const float2*>(cl.map_shared_rank(sO + r * AL + col, s));
+        a0 += w * o.x;
+        a1 += w * o.y;
+      }
+    }
+    const int R = R0 + r, i = query_row(R);
+    T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + i, head_of(R, i)) + col;
+    *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(a0, a1);
+  }
+  cl.sync();
+#else
+  (void)p, (void)sO, (void)sLse, (void)sW, (void)rank, (void)rows_here, (void)R0, (void)n, (void)sq, (void)query_row,
+      (void)head_of;
+  __trap();  // the dispatch clusters decode splits on compute capability 9.0 and above only
+#endif
+}
+
 template <typename T, int HD, int MT, int WN, bool QR = false>
 __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, DecodeTraits<HD, MT, WN, QR>::kMinBlocks)
     decode_kernel(const Params p) {
@@ -93,24 +166,28 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WN, warp_n = warp % WN;
   const int g4 = lane >> 2, t4 = lane & 3;
-  const int split = static_cast<int>(blockIdx.x) % p.num_splits, mb = static_cast<int>(blockIdx.x) / p.num_splits;
+  const int mb = static_cast<int>(p.splits_div.div(blockIdx.x)), split = static_cast<int>(blockIdx.x) - mb * p.num_splits;
   const int hk = blockIdx.y, n = blockIdx.z;
   const int group = p.group;
+  // packed row R -> query row i = R / group and query head hk * group + R % group (p.group_div: no division)
+  auto query_row = [&](int R) { return static_cast<int>(p.group_div.div(static_cast<uint32_t>(R))); };
+  auto head_of = [&](int R, int i) { return hk * group + (R - i * group); };
   const SeqInfo sq = seq_info(p, n);
   const int R0 = mb * BM;                        // first packed row of the block
   const int rows_packed = sq.rows_q * group;     // rows this sequence owns (dense: padding rows too)
   const int valid_packed = sq.len_q * group;     // rows of real queries
   if (R0 >= rows_packed) return;
   const bool split_kv = p.num_splits > 1;
-  if (split_kv && R0 >= valid_packed) return;  // padding only: the combine writes it
+  const bool cluster = split_kv && p.decode_cluster != 0;  // the splits combine in the cluster (uniform in it)
+  if (split_kv && !cluster && R0 >= valid_packed) return;  // padding only: the combine kernel writes it
 
   // ---- the block's key range and this split's tiles ----
   const Mask mk(p, sq);
   int k_lo = 0, k_hi = 0;
-  if (R0 < valid_packed) mk.key_range(R0 / group, (min(R0 + BM, valid_packed) - 1) / group + 1, k_lo, k_hi);
+  if (R0 < valid_packed) mk.key_range(query_row(R0), query_row(min(R0 + BM, valid_packed) - 1) + 1, k_lo, k_hi);
   const int t_base = k_lo & ~15;
   const int tiles = k_hi > k_lo ? (k_hi - t_base + BN - 1) / BN : 0;
-  const int per = (tiles + p.num_splits - 1) / p.num_splits;
+  const int per = static_cast<int>(p.splits_div.div(static_cast<uint32_t>(tiles + p.num_splits - 1)));
   const int tile_lo = min(tiles, split * per), tile_hi = min(tiles, tile_lo + per);
   const bool carries_sink = split == p.num_splits - 1;
 
@@ -125,24 +202,27 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
       lo[mt][rr] = hi[mt][rr] = 0;
       sig[mt][rr] = -INFINITY;
       if (R < rows_packed) {
-        const int i = R / group;
+        const int i = query_row(R);
         if (R < valid_packed) mk.key_range(i, i + 1, lo[mt][rr], hi[mt][rr]);
-        if (carries_sink && warp_n == 0) sig[mt][rr] = sink_value(p, hk * group + R % group);
+        if (carries_sink && warp_n == 0) sig[mt][rr] = sink_value(p, head_of(R, i));
       }
     }
 
-  // ---- Q: packed rows (zero beyond the real queries and beyond d) ----
+  // ---- Q: packed rows (zero beyond the real queries and beyond d); a compile-time count of chunks a thread ----
   {
     constexpr int kChunks = HD / 8;
     const T* q = static_cast<const T*>(p.q);
-    for (int idx = tid; idx < BM * kChunks; idx += NTH) {
+#pragma unroll 4
+    for (int it = 0; it < (BM * kChunks + NTH - 1) / NTH; ++it) {
+      const int idx = tid + it * NTH;
+      if ((BM * kChunks) % NTH != 0 && idx >= BM * kChunks) break;
       const int r = idx / kChunks, cc = idx % kChunks;
       const int R = R0 + r;
       const bool ok = R < valid_packed && cc * 8 < p.d && tile_lo < tile_hi;
       const T* src = q;
       if (ok) {
-        const int i = R / group, h = hk * group + R % group;
-        src = row_ptr<const T>(p.q, p.q_st, n, sq.q_start + i, h) + cc * 8;
+        const int i = query_row(R);
+        src = row_ptr<const T>(p.q, p.q_st, n, sq.q_start + i, head_of(R, i)) + cc * 8;
       }
       cp_async16(sQ + r * LD + cc * 8, src, ok);
     }
@@ -229,7 +309,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   }
   // The key loop is done: the split combine, launched after this grid with KernelChoice::decode_pdl, may start once
   // every block is here (it waits for this grid's end before it reads a partial).
-  if (split_kv) pdl_launch_dependents();
+  if (split_kv && !cluster) pdl_launch_dependents();
   cp_async_wait<0>();
   __syncthreads();  // the tiles are dead: the merge reuses shared memory
 
@@ -239,6 +319,7 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   float* sL = sM + WN * BM;                           // [WN][BM]: l
   float* sF = sL + WN * BM;                           // [WN][BM]: factor 2^(m_w - m) / l of column w
   float* sLse = sF + WN * BM;                         // [BM]: natural-log LSE
+  float* sW = sLse + BM;                              // [BM][kDecodeClusterMaxSplits]: the cluster combine's weights
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -270,13 +351,17 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
 #pragma unroll
     for (int w = 0; w < WN; ++w) sF[w * BM + r] = l > 0.f ? fast_exp2(sM[w * BM + r] - m) * inv : 0.f;
     const int R = R0 + r;
-    sLse[r] = natural_lse(m, l, sink_value(p, hk * group + R % group));
+    sLse[r] = natural_lse(m, l, sink_value(p, head_of(R, query_row(R))));
   }
   __syncthreads();
-  const int rows_here = min(BM, (split_kv ? valid_packed : rows_packed) - R0);
-  const int pairs = p.d_v / 2;
-  for (int idx = tid; idx < rows_here * pairs; idx += NTH) {
-    const int r = idx / pairs, col = 2 * (idx % pairs);
+  const int rows_here = min(BM, (split_kv && !cluster ? valid_packed : rows_packed) - R0);
+  // HD / 2 column pairs a row, a compile-time count (pairs at or past d_v / 2 skipped)
+  constexpr int kPairs = HD / 2;
+#pragma unroll 4
+  for (int it = 0; it < (BM * kPairs + NTH - 1) / NTH; ++it) {
+    const int idx = tid + it * NTH;
+    const int r = idx / kPairs, col = 2 * (idx % kPairs);
+    if (r >= rows_here || col >= p.d_v) continue;
     float v0 = 0.f, v1 = 0.f;
 #pragma unroll
     for (int w = 0; w < WN; ++w) {
@@ -284,7 +369,11 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
       v0 += sAcc[(w * BM + r) * AL + col] * f;
       v1 += sAcc[(w * BM + r) * AL + col + 1] * f;
     }
-    const int R = R0 + r, i = R / group, h = hk * group + R % group;
+    if (cluster) {  // the normalised partial in place of warp column 0's acc (this thread alone read that pair)
+      *reinterpret_cast<float2*>(sAcc + r * AL + col) = make_float2(v0, v1);
+      continue;
+    }
+    const int R = R0 + r, i = query_row(R), h = head_of(R, i);
     if (split_kv) {
       const int64_t at = (static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i);
       *reinterpret_cast<float2*>(p.ws_o_part + at * p.d_v + col) = make_float2(v0, v1);
@@ -293,8 +382,12 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
       *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(v0, v1);
     }
   }
+  if (cluster) {
+    cluster_combine<T, HD, BM, NTH, AL>(p, sAcc, sLse, sW, split, rows_here, R0, n, sq, query_row, head_of);
+    return;
+  }
   for (int r = tid; r < rows_here; r += NTH) {
-    const int R = R0 + r, i = R / group, h = hk * group + R % group;
+    const int R = R0 + r, i = query_row(R), h = head_of(R, i);
     if (split_kv)
       p.ws_lse_part[(static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i)] = sLse[r];
     else

@@ -12,6 +12,18 @@
 namespace sinkattn::cuda {
 
 constexpr int kDecodeMaxQueries = 16;  // query rows per sequence (dense s_q or varlen max_seqlen_q)
+// The most key splits one thread-block cluster combines (KernelChoice::decode_cluster): the portable cluster size.
+constexpr int kDecodeClusterMaxSplits = 8;
+
+// Whether a call of `splits` key splits over `blocks` (sequence, KV head, block of rows) triples runs its splits as
+// one cluster each (on a device of `sms` SMs, 0: unknown): 2 splits, or up to kDecodeClusterMaxSplits where the grid
+// has at most one block an SM. Measured on an H200 (bench/log/2026-12-07-decode-cluster-combine.md): faster than
+// the combine kernel at 2 splits from batch 64 (0.5-4.5%) and at 6 splits of batch 1 (48 blocks: 13%), slower at 6
+// splits of batch 8 (384 blocks: 1.17-1.38x the time).
+inline bool decode_cluster_splits(int64_t splits, int64_t blocks, int sms) {
+  if (splits < 2 || splits > kDecodeClusterMaxSplits) return false;
+  return splits == 2 || (sms > 0 && blocks * splits <= sms);
+}
 
 // "" when the decode kernels run the call, else why not: forward, fp16 / bf16, no bias or dropout, at most
 // kDecodeMaxQueries query rows per sequence, head dims up to 128, b and h_kv within one grid dimension.

@@ -29,8 +29,24 @@ cudaError_t launch_decode_config(const Params& p, int m_blocks, cudaStream_t str
   }
   const dim3 grid(static_cast<unsigned>(m_blocks * p.num_splits), static_cast<unsigned>(p.h_kv),
                   static_cast<unsigned>(p.b));
-  decode_kernel<T, HD, MT, WN, QR><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  if (p.decode_cluster == 0) {
+    decode_kernel<T, HD, MT, WN, QR><<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p);
+    return cudaGetLastError();
+  }
+  // the num_splits blocks of one (block of rows, KV head, sequence): consecutive along x, one cluster
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = Tr::kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(p.num_splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, decode_kernel<T, HD, MT, WN, QR>, p);
 }
 
 template <typename T, int HD>
