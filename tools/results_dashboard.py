@@ -125,9 +125,10 @@ REASONS = {
         "A one-split call is one warp per scheduler issuing its instructions at 5.9 cycles each (ncu, 8 blocks: about "
         "2,000 per warp before the page split by a precomputed divisor, which took 10% of the kernel's SASS), behind "
         "the chain sequence length, page table, then K / V: 5.3-6.5 us (H100, 2026-12-06). A key loop of 325 "
-        "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster, not 2x "
-        "(A/B, H100, 2026-12-07).",
-        "2026-12-07-decode-warp-lines.md"),
+        "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster (H100), no "
+        "division before the first key load 10% more and the splits combined in their cluster 13% at batch 1 "
+        "(H200, 2026-12-07): 4.4 us for one split, 6.6x the floor.",
+        "2026-12-07-decode-cluster-combine.md"),
     ("decode", "read"): (
         "The small-batch calls have too few warps to issue their instruction streams fast enough (batch 1, 32k keys: "
         "344 blocks, 10.5 warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy under ncu); the split count "
