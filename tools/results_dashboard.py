@@ -125,22 +125,24 @@ REASONS = {
         "A one-split call is one warp per scheduler issuing its instructions at 5.9 cycles each (ncu, 8 blocks: about "
         "2,000 per warp before the page split by a precomputed divisor, which took 10% of the kernel's SASS), behind "
         "the chain sequence length, page table, then K / V: 5.3-6.5 us (H100, 2026-12-06). A key loop of 325 "
-        "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster (H100), no "
-        "division before the first key load 10% more and the splits combined in their cluster 13% at batch 1 "
-        "(H200, 2026-12-07): 4.4 us for one split, 6.6x the floor.",
+        "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster (c2b23ac "
+        "against bea352a, H100, 2026-12-07, tools/gpu-ab.sh with the decode bench); 400a01e's decode kernels, no "
+        "division before the first key load, 10% more, and the splits combined in their cluster 13% more at batch 1 "
+        "(against c2b23ac's, H200, 2026-12-07, the same command): 4.4 us for one split, 6.6x the floor.",
         "2026-12-07-decode-cluster-combine.md"),
     ("decode", "read"): (
         "The small-batch calls have too few warps to issue their instruction streams fast enough (batch 1, 32k keys: "
         "344 blocks, 10.5 warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy under ncu); the split count "
         "is worth at most a few % (sweep of R12). Each warp copying its own keys' whole lines (no block barrier a "
-        "tile) took the large calls 2% faster (A/B, H100, 2026-12-07).",
+        "tile) took the large calls 2% faster (c2b23ac against bea352a, H100, 2026-12-07, tools/gpu-ab.sh with the "
+        "decode bench).",
         "2026-12-07-decode-warp-lines.md"),
     ("decode", "sliding"): (
         "A block reads 2-3 tiles and exits, so each block's chain sequence length -> page table -> K / V is what the "
         "SM waits on: 4 blocks an SM (the short-range configuration, Q in registers) instead of 3 took batch 256 "
         "from 36-46% to 41-53% of the streaming read on the H200 (A/B, 2026-12-06); each warp copying its own keys "
-        "(no block barrier a tile) took batch 256 on the H100 from 61-71% to 65-78% (A/B, 2026-12-07); not profiled "
-        "since.",
+        "(no block barrier a tile) took batch 256 on the H100 from 61-71% to 65-78% (c2b23ac against bea352a, "
+        "2026-12-07, tools/gpu-ab.sh with the decode bench); not profiled since.",
         "2026-12-07-decode-warp-lines.md"),
 }
 
