@@ -63,11 +63,12 @@ cuda::DeviceProps read_device_props(int dev) {
   int l2 = 0;
   if (d.cc_major > 0) {
     if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess) {
       d.l2_bytes = l2;
     } else {
       cudaGetLastError();
-      d.sms = 0;
+      d.sms = d.smem_per_sm = 0;
     }
   }
   return d;
@@ -403,7 +404,8 @@ class CudaBackend final : public Backend {
     const cuda::KernelChoice kc = kernel_choice(c);
     *bytes = workspace_layout(c, kc).total;
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode)
-      *bytes = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster).bytes;  // the split partials, if any
+      // the split partials, if any
+      *bytes = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster).bytes;
     return Status::ok();
   }
 
@@ -412,7 +414,7 @@ class CudaBackend final : public Backend {
     const cuda::KernelChoice kc = kernel_choice(c);
     std::string s = kc.summary(c.pass);
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode && c.dtype != SINKATTN_F32) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster);
       if (dp.use)
         s += "; " + std::to_string(dp.num_splits) + (dp.num_splits == 1 ? " key split"
                                                       : dp.cluster ? " key splits, one cluster"
@@ -436,7 +438,7 @@ class CudaBackend final : public Backend {
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c, kc.decode_short, kc.decode_cluster);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
       return run_decode(c, dp, kc.decode_pdl, k, st);

@@ -18,6 +18,7 @@ struct DeviceProps {
   bool sm90a_code = false;         // the library carries sm_90a code (CMAKE_CUDA_ARCHITECTURES lists 90a)
   int64_t l2_bytes = 0;            // L2 cache size (0: unknown; the tile order then has no L2 sections)
   int sms = 0;                     // multiprocessors (the sections' two-wave minimum; 0: none)
+  int smem_per_sm = 0;             // shared memory per multiprocessor, bytes (decode: resident blocks; 0: unknown)
 };
 
 // The environment switches (the fallbacks a user or an A/B run needs). Their one definition is the table in

@@ -19,8 +19,10 @@
 // no GPU, the same cases on the CPU backend, which checks the suite's own logic). Exit status 1 on failure.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -113,6 +115,9 @@ struct Case {
   int64_t table_pages = 0;       // > 0: the page table has this many columns (garbage past the pages used)
   const char* expect_family = "";  // on a Hopper GPU (and a library with its kernels): the forward's kernel family
   const char* expect_kernel = "";  // on any CUDA GPU: a part of the forward's kernel report (e.g. its configuration)
+  // Forced split counts (from `splits`) whose report on a Hopper GPU must say where the splits are merged:
+  // "one cluster" (decode_rules.hpp, decode_cluster_splits) or "+ the combine kernel".
+  std::vector<int32_t> cluster_splits, combine_splits;
 };
 
 // The workspace bound stated for a paged call (header comment), in bytes.
@@ -310,6 +315,22 @@ std::string kernel_family(const sinkattn_params_t& p) {
   return f;
 }
 
+// Where a forced split count's partials are merged, as the kernel report says ("; 5 key splits, one cluster",
+// "; 7 key splits + the combine kernel"): the path the case expects on a Hopper GPU, unless
+// SINKATTN_CUDA_NO_DECODE_CLUSTER turns the cluster off (then the combine kernel for every split count).
+void check_split_path(const Case& c, sinkattn_params_t p, int32_t s, const std::string& who) {
+  const auto has = [s](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), s) != v.end(); };
+  if (g_cpu_only || !g_hopper || !(has(c.cluster_splits) || has(c.combine_splits))) return;
+  const char* off = std::getenv("SINKATTN_CUDA_NO_DECODE_CLUSTER");
+  const bool cluster = has(c.cluster_splits) && !(off != nullptr && std::string(off) == "1");
+  p.num_splits = s;
+  const std::string k = sinkattn_test::cuda_kernels(p);
+  const std::string want =
+      std::to_string(s) + (cluster ? " key splits, one cluster" : " key splits + the combine kernel");
+  check(k.find(want) != std::string::npos, who + ": runs " + k + ", expected \"" + want + "\"");
+  if (g_verbose) std::printf("  %s: %s\n", who.c_str(), k.c_str());
+}
+
 void run_case(const Case& c) {
   Problem P(c);
   const ref::Result r64 = ref::evaluate(P.host_p, false);
@@ -336,6 +357,7 @@ void run_case(const Case& c) {
       if (g_verbose) std::printf("  %-48s %-12s err %.3g tol %.3g\n", who.c_str(), row.name.c_str(), row.err, row.tolerance);
     }
     if (si == 0) first = res;
+    check_split_path(c, P.device(P.host_p), s, who);
   }
   if (!g_cpu_only && c.expect_kernel[0] != '\0') {
     const std::string k = sinkattn_test::cuda_kernels(P.device(P.host_p));
@@ -369,11 +391,32 @@ std::vector<Case> cases(bool small) {
     c.page_size = ps;
     c.seqused = {1000, 17, 0, 1, 64, 333};
     c.splits = {1, 0, 2, 7, 16, 64, 128};
+    c.cluster_splits = {2};  // 6 x 8 = 48 blocks: 7 splits would need 336 SMs for one block an SM
+    c.combine_splits = {7, 16, 64, 128};
     add(c);
+    c.cluster_splits.clear(), c.combine_splits.clear();
     c.name = "gptoss-sliding-ps" + std::to_string(ps);
     c.wl = 127, c.wr = 0;
     c.seqused = {1000, 127, 128, 129, 143, 144, 145};  // windows starting at, before and after page edges
     add(c);  // 56 blocks: the default 16-row configuration (the short-range one takes more blocks than 3 an SM hold)
+  }
+  // The splits merged in their cluster (decode_cluster_splits: up to 8 splits where the grid's blocks x splits fit one
+  // block an SM, 64 at most here): 8 KV heads of one sequence at every cluster size; a group of 4 (4 rows a block)
+  // with 5 and 8 splits, where splits 4.. merge no row, beside an empty sequence (only the sink in its carrying split).
+  {
+    Case c;
+    c.name = "gptoss-decode-cluster-b1";
+    c.seqused = {2999};
+    c.splits = {3, 0, 2, 4, 5, 6, 7, 8};
+    c.cluster_splits = {2, 3, 4, 5, 6, 7, 8};
+    add(c);
+    c.name = "bf16-decode-cluster-g4-empty";
+    c.h_q = 16, c.h_kv = 4;
+    c.page_size = 64;
+    c.seqused = {2000, 0};
+    c.splits = {5, 0, 8};
+    c.cluster_splits = {5, 8};
+    add(c);
   }
   // The short-range configuration (decode_rules.hpp, decode_short_keys: a short key range over more blocks, b x h_kv,
   // than the default configuration's 3 an SM hold: 640 here, above 3 x 132 and 3 x 148) at its edges: a window of

@@ -32,23 +32,11 @@ int smem_of(int config) {
   }
 }
 
-// SMs and shared memory per SM of the current device (host attributes, no synchronisation); 0 when unknown.
-void device_shape(int* sms, int* smem_per_sm) {
-  int dev = 0;
-  *sms = *smem_per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    *sms = *smem_per_sm = 0;
-  }
-}
-
 }  // namespace
 
 int decode_smem_bytes(int hd, int config) { return hd <= 64 ? smem_of<64>(config) : smem_of<128>(config); }
 
-DecodePlan plan_decode(const Call& c, bool short_keys, bool cluster) {
+DecodePlan plan_decode(const Call& c, const DeviceProps& dev, bool short_keys, bool cluster) {
   DecodePlan d;
   auto no = [&](std::string why) {
     d.why_not = std::move(why);
@@ -69,8 +57,7 @@ DecodePlan plan_decode(const Call& c, bool short_keys, bool cluster) {
   int64_t kv_bound = c.s_kv;
   if (const int64_t w = decode_window_keys(c, d.block_m); w >= 0) kv_bound = std::min<int64_t>(kv_bound, w + 16);
   const int64_t tiles = (kv_bound + 63) / 64 + 1;  // + 1: the first tile starts at a 16-key boundary below k_lo
-  int sms = 0, smem_sm = 0;
-  device_shape(&sms, &smem_sm);
+  const int sms = dev.sms, smem_sm = dev.smem_per_sm;
   if (c.num_splits > 0) {
     d.num_splits = std::min(c.num_splits, kCombineMaxSplits);
   } else {

@@ -1,13 +1,13 @@
 // CUDA backend: the combine of split-KV partials (decode_kernel.cuh), SPEC.md section 2, NOTES-kernels.md.
-// One warp per (sequence n, query row i, query head h): with the splits' partials (o_s, lse_s),
-//     lse = log sum_s exp(lse_s)   (from the largest lse_s),   out = sum_s exp(lse_s - lse) o_s.
-// The sink is in exactly one partial (the carrying split's: its lse is sigma alone when it had no key), so the merge
-// adds nothing for it. A partial with lse_s = -inf (a split with no key and no sink) weighs exactly 0 and its o_s is
-// not read: it cannot overwrite a valid LSE. Every partial -inf (vanilla, no visible key): out = 0, LSE = -inf.
+// One warp per (sequence n, query row i, query head h) merges the splits' partials (o_s, lse_s) by decode_merge.cuh's
+// formula: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) o_s. The sink is in exactly one partial (the
+// carrying split's: its lse is sigma alone when it had no key). A partial with lse_s = -inf weighs exactly 0 and its
+// o_s is not read: it cannot overwrite a valid LSE. Every partial -inf (vanilla, no visible key): out = 0, LSE = -inf.
 // Dense padding rows (i >= len_q): out = 0, LSE = sigma. Grid (ceil(s_q * h_q / 4), b), 4 warps per block.
 #pragma once
 
 #include "cuda/common.cuh"
+#include "cuda/decode/decode_merge.cuh"
 #include "cuda/params.cuh"
 
 namespace sinkattn::cuda {
@@ -49,16 +49,16 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {
   float sum = 0.f;
   if (mx != -INFINITY) {
 #pragma unroll
-    for (int k = 0; k < kCombineMaxSplits / 32; ++k) sum += fast_exp2((ls[k] - mx) * kLog2e);
+    for (int k = 0; k < kCombineMaxSplits / 32; ++k) sum += merge_term(ls[k], mx);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float lse = mx != -INFINITY ? mx + __logf(sum) : -INFINITY;
+  const float lse = merged_lse(mx, sum);
   // weights w_s = exp(lse_s - lse) (shared memory, one row per warp), then out = sum_s w_s o_s
   __shared__ float sW[4][kCombineMaxSplits];
 #pragma unroll
   for (int k = 0; k < kCombineMaxSplits / 32; ++k)
-    sW[warp][lane + 32 * k] = lse != -INFINITY ? fast_exp2((ls[k] - lse) * kLog2e) : 0.f;
+    sW[warp][lane + 32 * k] = merge_weight(ls[k], lse);
   __syncwarp();
   // kBatch partials' loads are issued before the first is used: one memory latency per batch, not per split.
   constexpr int kBatch = 16;

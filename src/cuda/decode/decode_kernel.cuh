@@ -43,6 +43,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/common.cuh"
+#include "cuda/decode/decode_merge.cuh"
 #include "cuda/decode/decode_rules.hpp"
 #include "cuda/mainloop.cuh"
 #include "cuda/mask.cuh"
@@ -93,7 +94,8 @@ constexpr int kDecodeBlockM[kDecodeConfigs] = {16, 32, 64, 128, 16};
 // The cluster combine (Params::decode_cluster; the file comment): every split's partial of the block's rows is in its
 // block's shared memory: o (normalised) at sO[r * AL + col], its LSE at sLse[r]. Block `rank` (= split) merges rows
 // rank, rank + S, ...: per row the weights w_s = exp(lse_s - lse) into sW, then out = sum_s w_s o_s and
-// softmax_lse = lse. Cluster barriers before (the partials are written) and after (the peers have read them).
+// softmax_lse = lse (decode_merge.cuh's formula, as the combine kernel's). Cluster barriers before (the partials are
+// written) and after (the peers have read them).
 template <typename T, int HD, int BM, int NTH, int AL, typename RowFn, typename HeadFn>
 __device__ __forceinline__ void cluster_combine(const Params& p, float* sO, float* sLse, float* sW, int rank,
                                                 int rows_here, int R0, int n, const SeqInfo& sq,
@@ -116,12 +118,12 @@ __device__ __forceinline__ void cluster_combine(const Params& p, float* sO, floa
     float sum = 0.f;
     if (mx != -INFINITY) {
 #pragma unroll
-      for (int s = 0; s < kDecodeClusterMaxSplits; ++s) sum += fast_exp2((ls[s] - mx) * kLog2e);
+      for (int s = 0; s < kDecodeClusterMaxSplits; ++s) sum += merge_term(ls[s], mx);
     }
-    const float lse = mx != -INFINITY ? mx + __logf(sum) : -INFINITY;
+    const float lse = merged_lse(mx, sum);
 #pragma unroll
     for (int s = 0; s < kDecodeClusterMaxSplits; ++s)
-      sW[rr * kDecodeClusterMaxSplits + s] = lse != -INFINITY ? fast_exp2((ls[s] - lse) * kLog2e) : 0.f;
+      sW[rr * kDecodeClusterMaxSplits + s] = merge_weight(ls[s], lse);
     const int R = R0 + r, i = query_row(R);
     p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, head_of(R, i), sq.q_start + i)] = lse;
   }
