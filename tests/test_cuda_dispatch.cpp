@@ -351,6 +351,36 @@ TEST(CudaDispatch, DecodeCluster) {
   EXPECT_FALSE(decode_cluster_splits(9, 1, 132));
 }
 
+// The decode plan's split heuristic (decode_rules.hpp, decode_heuristic_splits) at GPT-OSS-120B's decode shapes
+// (8 KV heads, one 16-row block each, 3 blocks an SM) on 132 SMs: the rows of a context of k keys read
+// k / 64 + 2 tiles (the + 1 of a 16-key boundary below the first key).
+TEST(CudaDispatch, DecodeHeuristicSplits) {
+  // batch 1 (8 blocks): one block an SM, 16 splits, fewer where the tiles cover with fewer (129 tiles: 9 each)
+  EXPECT_EQ(decode_heuristic_splits(129, 8, 132, 3, true), 15);     // 8k keys
+  EXPECT_EQ(decode_heuristic_splits(513, 8, 132, 3, true), 16);     // 32k keys (33 tiles each)
+  EXPECT_EQ(decode_heuristic_splits(2049, 8, 132, 3, false), 16);   // 128k keys (129 tiles each)
+  // 1k keys (17 tiles): at most 8 splits of 2 tiles, which cover with 6 of 3; in a cluster 8 (2 empty)
+  EXPECT_EQ(decode_heuristic_splits(17, 8, 132, 3, false), 6);
+  EXPECT_EQ(decode_heuristic_splits(17, 8, 132, 3, true), 8);
+  // a cluster's count rounds up only while blocks x splits stay within the SMs: 16 blocks x 8 = 128 <= 132
+  EXPECT_EQ(decode_heuristic_splits(14, 16, 132, 3, true), 8);
+  EXPECT_EQ(decode_heuristic_splits(14, 16, 132, 3, false), 7);
+  // batch 8 (64 blocks, above an eighth of the SMs): the wave rule, 6 splits, past the cluster's one block an SM
+  EXPECT_EQ(decode_heuristic_splits(17, 64, 132, 3, true), 6);
+  EXPECT_EQ(decode_heuristic_splits(129, 64, 132, 3, true), 6);
+  // batch 64 (512 blocks): 2 splits; batch 256 (2048 blocks, over 4 waves of 396 slots): none
+  EXPECT_EQ(decode_heuristic_splits(129, 512, 132, 3, true), 2);
+  EXPECT_EQ(decode_heuristic_splits(129, 2048, 132, 3, true), 1);
+  // a sliding window (3 tiles): never split, at any batch
+  EXPECT_EQ(decode_heuristic_splits(3, 8, 132, 4, true), 1);
+  EXPECT_EQ(decode_heuristic_splits(7, 8, 132, 4, true), 1);
+  // the SM count unknown: the wave rule over one slot, no cluster rounding
+  EXPECT_EQ(decode_heuristic_splits(129, 8, 0, 1, true), 1);
+  // never more than the combine's kCombineMaxSplits, never more than half the tiles
+  EXPECT_LE(decode_heuristic_splits(100000, 1, 1000, 4, false), kCombineMaxSplits);
+  EXPECT_EQ(decode_heuristic_splits(8, 1, 132, 3, false), 4);
+}
+
 // The decode kernels' short-range configuration (decode_rules.hpp, decode_short_keys): one 16-row block of packed
 // rows at head dims up to 64 whose windows span at most 3 tiles of 64 keys (with the 15 keys below a 16-key
 // boundary), over more blocks than the default configuration's 3 an SM hold: GPT-OSS's sliding layer at 1 or 2

@@ -60,30 +60,10 @@ DecodePlan plan_decode(const Call& c, const DeviceProps& dev, bool short_keys, b
   const int sms = dev.sms, smem_sm = dev.smem_per_sm;
   if (c.num_splits > 0) {
     d.num_splits = std::min(c.num_splits, kCombineMaxSplits);
-  } else {
-    const int smem = decode_smem_bytes(d.hd, d.config);
-    const int64_t per_sm = std::clamp<int64_t>(smem_sm / (smem + 1024), 1, 4);
-    const int64_t ctas = std::max<int64_t>(c.b * c.h_kv * d.m_blocks, 1), slots = std::max<int64_t>(sms, 1) * per_sm;
-    // Wave efficiency of s splits: the CTAs as waves of resident slots, over the whole waves they take. The smallest
-    // s within 85% of the best (at least two key tiles per split); no split with 4 or more waves already (the
-    // quantisation is small) or when a row sees fewer than 8 tiles (a sliding window: one CTA streams them faster
-    // than a split and a combine).
-    const int64_t max_s = std::clamp<int64_t>(tiles / 2, 1, kCombineMaxSplits);
-    auto eff = [&](int64_t s) {
-      const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
-      return waves / std::ceil(waves);
-    };
-    int64_t s = 1;
-    if (tiles >= 8 && ctas < 4 * slots) {
-      double best = 0;
-      for (int64_t x = 1; x <= max_s; ++x) best = std::max(best, eff(x));
-      while (s < max_s && eff(s) < 0.85 * best) ++s;
-    }
-    // The kernel gives each split ceil(tiles / s) consecutive tiles: fewer splits of that many cover the keys (42
-    // splits of 129 tiles take 4 each, and 33 splits of 4 cover them; the other 9 would start, find no key and
-    // leave an empty partial for the combine).
-    const int64_t per = (tiles + s - 1) / s;
-    d.num_splits = static_cast<int>((tiles + per - 1) / per);
+  } else {  // decode_rules.hpp
+    const int64_t per_sm = std::clamp<int64_t>(smem_sm / (decode_smem_bytes(d.hd, d.config) + 1024), 1, 4);
+    d.num_splits = static_cast<int>(
+        decode_heuristic_splits(tiles, c.b * c.h_kv * d.m_blocks, sms, per_sm, cluster));
   }
   if (static_cast<int64_t>(d.m_blocks) * d.num_splits > (int64_t{1} << 31) - 1) return no("grid too large");
   // The splits as one cluster (decode_rules.hpp, decode_cluster_splits).

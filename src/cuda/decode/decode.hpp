@@ -32,11 +32,9 @@ struct DecodePlan {
 
 // Decode kernels: forward, fp16 / bf16, no bias or dropout, at most kDecodeMaxQueries query rows per sequence
 // (dense s_q or varlen max_seqlen_q), head dims up to 128; contiguous or paged KV. num_splits: c.num_splits when
-// given (at most kCombineMaxSplits), else a heuristic from the batch, the KV heads, the packed rows, the keys a row
-// can see and the device's SM count and shared memory per SM (`dev`, the dispatch's DeviceProps): the fewest splits
-// whose waves of resident CTAs are within 85% of the best wave efficiency, at least two key tiles per split, none
-// when a row sees fewer than 8 tiles (512 keys) or the CTAs already make 4 waves; then as few splits as cover the
-// tiles at that count's tiles per split.
+// given (at most kCombineMaxSplits), else decode_rules.hpp's decode_heuristic_splits from the batch, the KV heads,
+// the packed rows, the keys a row can see and the device's SM count and shared memory per SM (`dev`, the dispatch's
+// DeviceProps).
 // short_keys: the short-range configuration (KernelChoice::decode_short, decode_rules.hpp's decode_short_keys).
 // cluster: 2 to kDecodeClusterMaxSplits splits run as one cluster and need no workspace (KernelChoice::decode_cluster;
 // decode_cluster_splits on dev.sms).

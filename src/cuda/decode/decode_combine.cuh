@@ -8,11 +8,10 @@
 
 #include "cuda/common.cuh"
 #include "cuda/decode/decode_merge.cuh"
+#include "cuda/decode/decode_rules.hpp"
 #include "cuda/params.cuh"
 
 namespace sinkattn::cuda {
-
-constexpr int kCombineMaxSplits = 128;  // 4 partial LSEs per lane
 
 template <typename T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(const Params p) {

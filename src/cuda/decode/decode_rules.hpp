@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -12,6 +13,7 @@
 namespace sinkattn::cuda {
 
 constexpr int kDecodeMaxQueries = 16;  // query rows per sequence (dense s_q or varlen max_seqlen_q)
+constexpr int kCombineMaxSplits = 128;  // key splits a call takes at most (decode_combine.cuh: 4 partial LSEs a lane)
 // The most key splits one thread-block cluster combines (KernelChoice::decode_cluster): the portable cluster size.
 constexpr int kDecodeClusterMaxSplits = 8;
 
@@ -67,6 +69,47 @@ constexpr int kDecodeDefaultBlocksPerSm = 3;  // the 16-row configuration at hea
 inline bool decode_short_keys(const Call& c, int sms) {
   return std::max(c.d, c.d_v) <= 64 && std::max<int64_t>(c.s_q, 1) * c.group <= 16 && decode_max_tiles(c, 16) <= 3 &&
          sms > 0 && c.b * c.h_kv > int64_t{kDecodeDefaultBlocksPerSm} * sms;
+}
+
+// The key splits decode.cu's plan takes when the call gives no num_splits, for rows that read `tiles` key tiles at
+// most, over `blocks` (sequence, KV head, block of rows) triples, on `sms` multiprocessors holding `per_sm` blocks
+// each; `cluster`: the device merges 2 .. kDecodeClusterMaxSplits splits in a cluster (KernelChoice::decode_cluster).
+//   - A row of fewer than 8 tiles is not split (a sliding window: one block streams them faster than a split and a
+//     merge); nor are 4 or more waves of blocks (the last wave's quantisation is small).
+//   - Few blocks (at most an eighth of the SMs: a batch of one sequence of 8 KV heads): sms / blocks splits, one
+//     block an SM. Measured on an H100 (bench/log/2026-12-07-decode-split-rule.md, forced split counts): at batch 1
+//     16 splits took 0.77-0.91x the time of the 33 and 43 that filling every resident block gave, from 8k keys on.
+//   - Else the wave efficiency of s splits (the blocks as waves of the resident slots, over the whole waves they
+//     take): the smallest s within 85% of the best, at least two tiles per split.
+// Then as few splits as cover the tiles at that count's tiles per split (42 splits of 129 tiles take 4 each, and 33
+// of 4 cover them; the other 9 would find no key). A count merged in a cluster is then rounded up to a power of two
+// where the grid keeps one block an SM (the added splits start past the last key): at batch 1 and 1k keys, 8 splits
+// (2 of them empty) in clusters of 8 took 0.88x the time of the same 6 splits' keys in clusters of 6 (H100, the same
+// log).
+inline int64_t decode_heuristic_splits(int64_t tiles, int64_t blocks, int sms, int64_t per_sm, bool cluster) {
+  blocks = std::max<int64_t>(blocks, 1);
+  const int64_t slots = std::max<int64_t>(sms, 1) * std::max<int64_t>(per_sm, 1);
+  const int64_t max_s = std::clamp<int64_t>(tiles / 2, 1, kCombineMaxSplits);
+  int64_t s = 1;
+  if (tiles >= 8 && sms > 0 && blocks * 8 <= sms) {
+    s = std::min<int64_t>(sms / blocks, max_s);
+  } else if (tiles >= 8 && blocks < 4 * slots) {
+    auto eff = [&](int64_t x) {
+      const double waves = static_cast<double>(blocks * x) / static_cast<double>(slots);
+      return waves / std::ceil(waves);
+    };
+    double best = 0;
+    for (int64_t x = 1; x <= max_s; ++x) best = std::max(best, eff(x));
+    while (s < max_s && eff(s) < 0.85 * best) ++s;
+  }
+  const int64_t per = (tiles + s - 1) / s;
+  s = (tiles + per - 1) / per;
+  if (cluster && s > 2 && decode_cluster_splits(s, blocks, sms)) {
+    int64_t p = 4;
+    while (p < s) p *= 2;
+    if (blocks * p <= sms) s = p;
+  }
+  return s;
 }
 
 }  // namespace sinkattn::cuda
