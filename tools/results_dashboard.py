@@ -128,15 +128,20 @@ REASONS = {
         "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster (c2b23ac "
         "against bea352a, H100, 2026-12-07, tools/gpu-ab.sh with the decode bench); 400a01e's decode kernels, no "
         "division before the first key load, 10% more, and the splits combined in their cluster 13% more at batch 1 "
-        "(against c2b23ac's, H200, 2026-12-07, the same command): 4.4 us for one split, 6.6x the floor.",
-        "2026-12-07-decode-cluster-combine.md"),
+        "(against c2b23ac's, H200, 2026-12-07, the same command): 4.4 us for one split, 6.6x the floor. At batch 1 and "
+        "1k keys, 8 splits in clusters of 8 instead of 6 in clusters of 6 (de04f7b's split rule against c3a0d54, "
+        "H100, 2026-12-07, tools/gpu-ab.sh with the decode bench): 8.08 -> 7.12 us; one split still takes 4.3 us "
+        "on the H100, 4.6x its 0.94 us floor.",
+        "2026-12-07-decode-split-rule.md"),
     ("decode", "read"): (
         "The small-batch calls have too few warps to issue their instruction streams fast enough (batch 1, 32k keys: "
         "344 blocks, 10.5 warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy under ncu); the split count "
-        "is worth at most a few % (sweep of R12). Each warp copying its own keys' whole lines (no block barrier a "
-        "tile) took the large calls 2% faster (c2b23ac against bea352a, H100, 2026-12-07, tools/gpu-ab.sh with the "
-        "decode bench).",
-        "2026-12-07-decode-warp-lines.md"),
+        "at batch 8 and above is worth at most a few % (split sweeps). Each warp copying its own keys' whole lines "
+        "(no block barrier a tile) took the large calls 2% faster (c2b23ac against bea352a, H100, 2026-12-07, "
+        "tools/gpu-ab.sh with the decode bench); at batch 1, 16 splits (one block an SM) instead of the 33-43 that "
+        "filled every resident slot took 32k keys from 58% to 64-70% and 128k keys with pages of 64 from 75% to 86% "
+        "(de04f7b against c3a0d54, H100, 2026-12-07, the same command).",
+        "2026-12-07-decode-split-rule.md"),
     ("decode", "sliding"): (
         "A block reads 2-3 tiles and exits, so each block's chain sequence length -> page table -> K / V is what the "
         "SM waits on: 4 blocks an SM (the short-range configuration, Q in registers) instead of 3 took batch 256 "
@@ -535,6 +540,27 @@ class Dashboard:
                            f"[{run.label}](#runs) {run.date} {run.commit} |")
         return out
 
+    def checks_section(self):
+        """The GPU checks (tools/gpu-check.sh, tools/gpu-wheel-check.sh; "gpu-check" outputs of a run file): per
+        device, the newest run whose checks include the whole GPU suite, and the newer runs of fewer checks after
+        it (e.g. the decode suite after a decode-only change), each with its command and summary lines."""
+        out = ["## GPU checks", "",
+               "The correctness checks on a GPU (float64 judging, compute-sanitizer, determinism, the decode suite): "
+               "per device the newest run of the whole suite and any later, narrower ones."]
+        by_device = {}
+        for run in self.runs:
+            for o in run.outputs:
+                if o["tool"] == "gpu-check":
+                    by_device.setdefault(run.short, []).append((run, o))
+        for dev in sorted(by_device):
+            items = by_device[dev]
+            full = [i for i, (_, o) in enumerate(items) if "suite" in o.get("steps", "").split()]
+            for run, o in items[full[-1] if full else 0:]:
+                self.used.add(run.id)
+                out += ["", f"- {dev}, [{run.label}](#runs) {run.date} {run.commit}: `{o['command']}`"]
+                out += [f"  - {line}" for line in o.get("summary", [])]
+        return out
+
     def runs_section(self):
         out = ["## Runs", "", "| run | date | device | commit | commands | log |", "|---|---|---|---|---|---|"]
         for run in self.runs:
@@ -569,6 +595,7 @@ class Dashboard:
                  self.paged_section(),
                  self.training_section(),
                  self.cpu_section(),
+                 self.checks_section(),
                  self.runs_section()]
         return "\n\n".join("\n".join(p) for p in parts) + "\n"
 

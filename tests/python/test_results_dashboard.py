@@ -162,3 +162,27 @@ def test_paged_prefill_rows_are_judged_against_the_contiguous_call_of_the_same_r
     mha = next(line for line in section.splitlines() if line.startswith("| MHA d128 (b 2") and "| H200 |" in line)
     assert "| 0.600 / 0.520 | 0.500 / 0.510 |" in mha and "| 0.83x |" in mha and "**missed**" in mha
     assert run("--check", "--runs-dir", bench / "runs", "--out", out).returncode == 0
+
+
+def test_gpu_checks_show_the_newest_full_suite_and_the_narrower_runs_after_it(tmp_path):
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
+    shutil.copytree(ROOT / "bench" / "log", bench / "log")
+    out = bench / "RESULTS.md"
+
+    def checks(name, when, commit, steps, lines):
+        (bench / "runs" / f"{name}.json").write_text(json.dumps({
+            "date": when[:10], "time_utc": when[11:16], "device": "NVIDIA H200", "commit": commit,
+            "log": "bench/log/2026-11-30-hopper-forward.md",
+            "outputs": [{"tool": "gpu-check", "gpu": "NVIDIA H200", "date": when, "steps": steps,
+                         "command": f"STEPS='{steps}' tools/gpu-check.sh", "summary": lines}]}))
+
+    checks("old-suite", "2031-01-01T00:00:00Z", "aaa0001", "suite sanitizer", ["old suite line"])
+    checks("new-suite", "2031-01-02T00:00:00Z", "aaa0002", "suite sanitizer decode", ["new suite line"])
+    checks("decode-after", "2031-01-03T00:00:00Z", "aaa0003", "decode", ["decode after line"])
+    r = run("--runs-dir", bench / "runs", "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    section = out.read_text().split("## GPU checks")[1].split("\n## ")[0]
+    assert "new suite line" in section and "decode after line" in section
+    assert "old suite line" not in section  # an older full suite is superseded
+    assert section.index("aaa0002") < section.index("aaa0003")
