@@ -154,6 +154,148 @@ __device__ __forceinline__ void cluster_combine(const Params& p, float* sO, floa
 #endif
 }
 
+// The visible key range [lo, hi) and the sink (or -inf) of each of a thread's fragment rows (mt, g4 + 8 rr), packed
+// row R = R0 + warp_m * 16 MT + mt * 16 + g4 + 8 rr: empty for padding rows (R >= valid_packed) and rows past the
+// sequence; the sink only in the carrying split's warp column 0.
+template <int MT, typename RowFn, typename HeadFn>
+__device__ __forceinline__ void fragment_rows(const Params& p, const Mask& mk, int (&lo)[MT][2], int (&hi)[MT][2],
+                                              float (&sig)[MT][2], int R0, int warp_m, int warp_n, int g4,
+                                              int rows_packed, int valid_packed, bool carries_sink,
+                                              const RowFn& query_row, const HeadFn& head_of) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int R = R0 + warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
+      lo[mt][rr] = hi[mt][rr] = 0;
+      sig[mt][rr] = -INFINITY;
+      if (R < rows_packed) {
+        const int i = query_row(R);
+        if (R < valid_packed) mk.key_range(i, i + 1, lo[mt][rr], hi[mt][rr]);
+        if (carries_sink && warp_n == 0) sig[mt][rr] = sink_value(p, head_of(R, i));
+      }
+    }
+}
+
+// Q's packed rows of the block into sQ (zero beyond the real queries, beyond d, and where the split has no tile), a
+// compile-time count of 16-byte chunks a thread.
+template <typename T, int HD, int BM, int NTH, int LD, typename RowFn, typename HeadFn>
+__device__ __forceinline__ void decode_load_q(const Params& p, T* sQ, int R0, int valid_packed, int n,
+                                              const SeqInfo& sq, bool has_tiles, int tid, const RowFn& query_row,
+                                              const HeadFn& head_of) {
+  constexpr int kChunks = HD / 8;
+  const T* q = static_cast<const T*>(p.q);
+#pragma unroll 4
+  for (int it = 0; it < (BM * kChunks + NTH - 1) / NTH; ++it) {
+    const int idx = tid + it * NTH;
+    if ((BM * kChunks) % NTH != 0 && idx >= BM * kChunks) break;
+    const int r = idx / kChunks, cc = idx % kChunks;
+    const int R = R0 + r;
+    const bool ok = R < valid_packed && cc * 8 < p.d && has_tiles;
+    const T* src = q;
+    if (ok) {
+      const int i = query_row(R);
+      src = row_ptr<const T>(p.q, p.q_st, n, sq.q_start + i, head_of(R, i)) + cc * 8;
+    }
+    cp_async16(sQ + r * LD + cc * 8, src, ok);
+  }
+}
+
+// The merge's shared memory, over the dead tiles: each warp column's acc (its own m), m (base 2), l, the factor
+// 2^(m_w - m) / l of column w, the natural-log LSE of each row, and the cluster combine's weights.
+template <int BM, int WN, int AL>
+struct DecodeMergeSmem {
+  float* acc;  // [WN][BM][AL]
+  float* m;    // [WN][BM]
+  float* l;    // [WN][BM]
+  float* f;    // [WN][BM]
+  float* lse;  // [BM]
+  float* w;    // [BM][kDecodeClusterMaxSplits]
+  __device__ __forceinline__ explicit DecodeMergeSmem(unsigned char* raw)
+      : acc(reinterpret_cast<float*>(raw)), m(acc + WN * BM * AL), l(m + WN * BM), f(l + WN * BM), lse(f + WN * BM),
+        w(lse + BM) {}
+};
+
+// Merges the WN warp columns' online-softmax states of every row: m = max m_w, l = sum l_w 2^(m_w - m), the factors
+// 2^(m_w - m) / l (0 for a row that saw nothing) and lse = natural_lse(m, l, sigma). Ends with a block barrier.
+template <int MT, int NT, int NO, int WN, int BM, int NTH, int AL, typename RowFn, typename HeadFn>
+__device__ __forceinline__ void merge_warp_columns(const Params& p, const DecodeMergeSmem<BM, WN, AL>& ms,
+                                                   const OnlineSoftmax<NT> (&sm)[MT], const float (&acc)[MT][NO][4],
+                                                   int warp_m, int warp_n, int lane, int tid, int R0,
+                                                   const RowFn& query_row, const HeadFn& head_of) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
+      const float lt = quad_sum(sm[mt].l[rr]);
+      if (t4 == 0) {
+        ms.m[warp_n * BM + r] = sm[mt].m[rr];
+        ms.l[warp_n * BM + r] = lt;
+      }
+#pragma unroll
+      for (int o = 0; o < NO; ++o) {
+        float* dst = ms.acc + (warp_n * BM + r) * AL + o * 8 + 2 * t4;
+        dst[0] = acc[mt][o][2 * rr];
+        dst[1] = acc[mt][o][2 * rr + 1];
+      }
+    }
+  __syncthreads();
+  for (int r = tid; r < BM; r += NTH) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) m = fmaxf(m, ms.m[w * BM + r]);
+    float l = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < WN; ++w) l += ms.l[w * BM + r] * fast_exp2(ms.m[w * BM + r] - m);
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) ms.f[w * BM + r] = l > 0.f ? fast_exp2(ms.m[w * BM + r] - m) * inv : 0.f;
+    const int R = R0 + r;
+    ms.lse[r] = natural_lse(m, l, sink_value(p, head_of(R, query_row(R))));
+  }
+  __syncthreads();
+}
+
+// The merged rows' o = sum_w f_w acc_w, HD / 2 column pairs a row (a compile-time count; pairs at or past d_v / 2
+// skipped): to out without splits, to the split's partial in the workspace, or (cluster) in place of warp column
+// 0's acc for cluster_combine (each thread alone read its pair).
+template <typename T, int HD, int WN, int BM, int NTH, int AL, typename RowFn, typename HeadFn>
+__device__ __forceinline__ void write_merged_rows(const Params& p, const DecodeMergeSmem<BM, WN, AL>& ms, int rows_here,
+                                                  int split, bool split_kv, bool cluster, int R0, int n,
+                                                  const SeqInfo& sq, int tid, const RowFn& query_row,
+                                                  const HeadFn& head_of) {
+  constexpr int kPairs = HD / 2;
+#pragma unroll 4
+  for (int it = 0; it < (BM * kPairs + NTH - 1) / NTH; ++it) {
+    const int idx = tid + it * NTH;
+    const int r = idx / kPairs, col = 2 * (idx % kPairs);
+    if (r >= rows_here || col >= p.d_v) continue;
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) {
+      const float f = ms.f[w * BM + r];
+      v0 += ms.acc[(w * BM + r) * AL + col] * f;
+      v1 += ms.acc[(w * BM + r) * AL + col + 1] * f;
+    }
+    if (cluster) {
+      *reinterpret_cast<float2*>(ms.acc + r * AL + col) = make_float2(v0, v1);
+      continue;
+    }
+    const int R = R0 + r, i = query_row(R), h = head_of(R, i);
+    if (split_kv) {
+      const int64_t at = (static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i);
+      *reinterpret_cast<float2*>(p.ws_o_part + at * p.d_v + col) = make_float2(v0, v1);
+    } else {
+      T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + i, h) + col;
+      *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(v0, v1);
+    }
+  }
+}
+
 template <typename T, int HD, int MT, int WN, bool QR = false>
 __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, DecodeTraits<HD, MT, WN, QR>::kMinBlocks)
     decode_kernel(const Params p) {
@@ -168,7 +310,8 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WN, warp_n = warp % WN;
   const int g4 = lane >> 2, t4 = lane & 3;
-  const int mb = static_cast<int>(p.splits_div.div(blockIdx.x)), split = static_cast<int>(blockIdx.x) - mb * p.num_splits;
+  const int mb = static_cast<int>(p.splits_div.div(blockIdx.x));
+  const int split = static_cast<int>(blockIdx.x) - mb * p.num_splits;
   const int hk = blockIdx.y, n = blockIdx.z;
   const int group = p.group;
   // packed row R -> query row i = R / group and query head hk * group + R % group (p.group_div: no division)
@@ -196,39 +339,11 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   // ---- this thread's rows: visible key range and sink per fragment row (mt, g4 + 8 rr) ----
   int lo[MT][2], hi[MT][2];
   float sig[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int R = R0 + warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
-      lo[mt][rr] = hi[mt][rr] = 0;
-      sig[mt][rr] = -INFINITY;
-      if (R < rows_packed) {
-        const int i = query_row(R);
-        if (R < valid_packed) mk.key_range(i, i + 1, lo[mt][rr], hi[mt][rr]);
-        if (carries_sink && warp_n == 0) sig[mt][rr] = sink_value(p, head_of(R, i));
-      }
-    }
+  fragment_rows<MT>(p, mk, lo, hi, sig, R0, warp_m, warp_n, g4, rows_packed, valid_packed, carries_sink, query_row,
+                    head_of);
 
-  // ---- Q: packed rows (zero beyond the real queries and beyond d); a compile-time count of chunks a thread ----
-  {
-    constexpr int kChunks = HD / 8;
-    const T* q = static_cast<const T*>(p.q);
-#pragma unroll 4
-    for (int it = 0; it < (BM * kChunks + NTH - 1) / NTH; ++it) {
-      const int idx = tid + it * NTH;
-      if ((BM * kChunks) % NTH != 0 && idx >= BM * kChunks) break;
-      const int r = idx / kChunks, cc = idx % kChunks;
-      const int R = R0 + r;
-      const bool ok = R < valid_packed && cc * 8 < p.d && tile_lo < tile_hi;
-      const T* src = q;
-      if (ok) {
-        const int i = query_row(R);
-        src = row_ptr<const T>(p.q, p.q_st, n, sq.q_start + i, head_of(R, i)) + cc * 8;
-      }
-      cp_async16(sQ + r * LD + cc * 8, src, ok);
-    }
-  }
+  // ---- Q: packed rows (zero beyond the real queries and beyond d) ----
+  decode_load_q<T, HD, BM, NTH, LD>(p, sQ, R0, valid_packed, n, sq, tile_lo < tile_hi, tid, query_row, head_of);
   const KvRows kr(p, sq, n, hk);
   const T* kp = static_cast<const T*>(p.k);
   const T* vp = static_cast<const T*>(p.v);
@@ -316,84 +431,21 @@ __global__ void __launch_bounds__(DecodeTraits<HD, MT, WN, QR>::kThreads, Decode
   __syncthreads();  // the tiles are dead: the merge reuses shared memory
 
   // ---- merge the WN warp columns of every row (shared memory), then write ----
-  float* sAcc = reinterpret_cast<float*>(smem_raw);  // [WN][BM][AL]: each column's acc (its own m)
-  float* sM = sAcc + WN * BM * AL;                    // [WN][BM]: m (base 2)
-  float* sL = sM + WN * BM;                           // [WN][BM]: l
-  float* sF = sL + WN * BM;                           // [WN][BM]: factor 2^(m_w - m) / l of column w
-  float* sLse = sF + WN * BM;                         // [BM]: natural-log LSE
-  float* sW = sLse + BM;                              // [BM][kDecodeClusterMaxSplits]: the cluster combine's weights
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int r = warp_m * 16 * MT + mt * 16 + g4 + 8 * rr;
-      const float lt = quad_sum(sm[mt].l[rr]);
-      if (t4 == 0) {
-        sM[warp_n * BM + r] = sm[mt].m[rr];
-        sL[warp_n * BM + r] = lt;
-      }
-#pragma unroll
-      for (int o = 0; o < NO; ++o) {
-        float* dst = sAcc + (warp_n * BM + r) * AL + o * 8 + 2 * t4;
-        dst[0] = acc[mt][o][2 * rr];
-        dst[1] = acc[mt][o][2 * rr + 1];
-      }
-    }
-  __syncthreads();
-  for (int r = tid; r < BM; r += NTH) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WN; ++w) m = fmaxf(m, sM[w * BM + r]);
-    float l = 0.f;
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < WN; ++w) l += sL[w * BM + r] * fast_exp2(sM[w * BM + r] - m);
-    }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-    for (int w = 0; w < WN; ++w) sF[w * BM + r] = l > 0.f ? fast_exp2(sM[w * BM + r] - m) * inv : 0.f;
-    const int R = R0 + r;
-    sLse[r] = natural_lse(m, l, sink_value(p, head_of(R, query_row(R))));
-  }
-  __syncthreads();
+  const DecodeMergeSmem<BM, WN, AL> ms(smem_raw);
+  merge_warp_columns<MT, NT, NO, WN, BM, NTH, AL>(p, ms, sm, acc, warp_m, warp_n, lane, tid, R0, query_row, head_of);
   const int rows_here = min(BM, (split_kv && !cluster ? valid_packed : rows_packed) - R0);
-  // HD / 2 column pairs a row, a compile-time count (pairs at or past d_v / 2 skipped)
-  constexpr int kPairs = HD / 2;
-#pragma unroll 4
-  for (int it = 0; it < (BM * kPairs + NTH - 1) / NTH; ++it) {
-    const int idx = tid + it * NTH;
-    const int r = idx / kPairs, col = 2 * (idx % kPairs);
-    if (r >= rows_here || col >= p.d_v) continue;
-    float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < WN; ++w) {
-      const float f = sF[w * BM + r];
-      v0 += sAcc[(w * BM + r) * AL + col] * f;
-      v1 += sAcc[(w * BM + r) * AL + col + 1] * f;
-    }
-    if (cluster) {  // the normalised partial in place of warp column 0's acc (this thread alone read that pair)
-      *reinterpret_cast<float2*>(sAcc + r * AL + col) = make_float2(v0, v1);
-      continue;
-    }
-    const int R = R0 + r, i = query_row(R), h = head_of(R, i);
-    if (split_kv) {
-      const int64_t at = (static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i);
-      *reinterpret_cast<float2*>(p.ws_o_part + at * p.d_v + col) = make_float2(v0, v1);
-    } else {
-      T* out = row_ptr<T>(p.out, p.out_st, n, sq.q_start + i, h) + col;
-      *reinterpret_cast<uint32_t*>(out) = ElemTraits<T>::pack(v0, v1);
-    }
-  }
+  write_merged_rows<T, HD, WN, BM, NTH, AL>(p, ms, rows_here, split, split_kv, cluster, R0, n, sq, tid, query_row,
+                                            head_of);
   if (cluster) {
-    cluster_combine<T, HD, BM, NTH, AL>(p, sAcc, sLse, sW, split, rows_here, R0, n, sq, query_row, head_of);
+    cluster_combine<T, HD, BM, NTH, AL>(p, ms.acc, ms.lse, ms.w, split, rows_here, R0, n, sq, query_row, head_of);
     return;
   }
   for (int r = tid; r < rows_here; r += NTH) {
     const int R = R0 + r, i = query_row(R), h = head_of(R, i);
     if (split_kv)
-      p.ws_lse_part[(static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i)] = sLse[r];
+      p.ws_lse_part[(static_cast<int64_t>(split) * p.h_q + h) * p.rows_total_q + ws_row(p, sq, n, i)] = ms.lse[r];
     else
-      p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + i)] = sLse[r];
+      p.softmax_lse[lse_offset(p.lse_b, p.lse_h, p.lse_s, n, h, sq.q_start + i)] = ms.lse[r];
   }
 }
 
