@@ -90,8 +90,8 @@ cuda::DeviceProps current_device_props() {
   return props[dev];
 }
 
-cuda::KernelChoice kernel_choice(const Call& c) {
-  return cuda::choose_kernels(c, current_device_props(), cuda::switches_from_env());
+cuda::KernelChoice kernel_choice(const Call& c, const cuda::DeviceProps& dev) {
+  return cuda::choose_kernels(c, dev, cuda::switches_from_env());
 }
 
 const char* dtype_str(sinkattn_dtype_t t) {
@@ -401,20 +401,21 @@ class CudaBackend final : public Backend {
 
   Status workspace_size(const Call& c, size_t* bytes) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::workspace_size(c, bytes);
-    const cuda::KernelChoice kc = kernel_choice(c);
+    const cuda::DeviceProps dev = current_device_props();
+    const cuda::KernelChoice kc = kernel_choice(c, dev);
     *bytes = workspace_layout(c, kc).total;
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode)
-      // the split partials, if any
-      *bytes = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster).bytes;
+      *bytes = cuda::plan_decode(c, dev, kc.decode_short, kc.decode_cluster).bytes;  // the split partials, if any
     return Status::ok();
   }
 
   // The kernels' summary; a decode forward adds its plan's key splits and where they are combined.
   std::string kernel_report(const Call& c) const override {
-    const cuda::KernelChoice kc = kernel_choice(c);
+    const cuda::DeviceProps dev = current_device_props();
+    const cuda::KernelChoice kc = kernel_choice(c, dev);
     std::string s = kc.summary(c.pass);
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode && c.dtype != SINKATTN_F32) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, dev, kc.decode_short, kc.decode_cluster);
       if (dp.use)
         s += "; " + std::to_string(dp.num_splits) + (dp.num_splits == 1 ? " key split"
                                                       : dp.cluster ? " key splits, one cluster"
@@ -425,7 +426,8 @@ class CudaBackend final : public Backend {
 
   Status run(const Call& c) const override {
     if (c.dtype == SINKATTN_F32) return cuda_f32::run(c);
-    const cuda::KernelChoice kc = kernel_choice(c);
+    const cuda::DeviceProps dev = current_device_props();
+    const cuda::KernelChoice kc = kernel_choice(c, dev);
     const Workspace w = workspace_layout(c, kc);
     if (c.pass == Pass::kBackward && c.p->workspace_bytes < w.total)
       return Status{SINKATTN_ERR_WORKSPACE_TOO_SMALL, "workspace: the cuda backend got " +
@@ -438,7 +440,7 @@ class CudaBackend final : public Backend {
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {
-      const cuda::DecodePlan dp = cuda::plan_decode(c, current_device_props(), kc.decode_short, kc.decode_cluster);
+      const cuda::DecodePlan dp = cuda::plan_decode(c, dev, kc.decode_short, kc.decode_cluster);
       if (!dp.use) return internal_error("cuda backend: the dispatch chose the decode kernels, their plan refused: " +
                                          dp.why_not);
       return run_decode(c, dp, kc.decode_pdl, k, st);

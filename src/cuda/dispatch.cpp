@@ -302,8 +302,10 @@ std::string KernelChoice::summary(Pass pass) const {
       case FwdKernel::kSm80Paged: s = "sm80 fwd (mma.sync, paged KV)"; break;
       case FwdKernel::kDecode:
         return std::string("decode (query heads of a KV group packed per tile, split-KV + combine") +
-               (decode_cluster ? " in the cluster's shared memory (2 splits, or up to 8 on at most one block an SM),"
-                                 " else the combine kernel" : "") +
+               (decode_cluster ? " in the cluster's shared memory (2 splits, or up to " +
+                                     std::to_string(kDecodeClusterMaxSplits) +
+                                     " on at most one block an SM), else the combine kernel"
+                               : std::string()) +
                (decode_pdl ? " by programmatic dependent launch" : "") +
                (decode_short ? "; short key range: Q in registers, 3 stages" : "") +
                "; splits from decode/decode.cu's plan or num_splits)";

@@ -13,9 +13,9 @@
 // replay reads R times the bytes from R distinct buffers, as the decode calls do. Where R times the bytes fits in
 // the L2 (the small sliding configurations), both are served from it alike; "% read" compares the two. The read is
 // the same for both page sizes (it has no pages) and is measured once per batch, context and layer.
-// "splits": the key splits of the call, from the backend's report of it ("; N key splits", sinkattn_query_backend), or
-// for a library whose report does not say, from its workspace size (the split partials of decode.cu's plan); "kernels":
-// 2 where a combine kernel merges the splits, else 1 (no split, or the splits combined in their cluster).
+// "splits": the key splits of the call, from the CUDA backend's report of it ("; N key splits", kernel_report.hpp),
+// or for a library whose report does not say, from its workspace size (the split partials of decode.cu's plan);
+// "kernels": 2 where a combine kernel merges the splits, else 1 (no split, or the splits combined in their cluster).
 // --sweep-splits: each configuration also timed (in the graph) with num_splits forced to 1, 2, 4, ..., 128 (the
 // combine's limit; no more splits than the row has 64-key tiles), one line per configuration under its row: the
 // time of each, the best, and the heuristic's time over the best's; a summary at the end.
@@ -40,6 +40,7 @@
 
 #include "bench_report.hpp"
 #include "cuda_check.hpp"
+#include "kernel_report.hpp"
 #include "sinkattn/sinkattn.h"
 
 
@@ -119,16 +120,14 @@ struct StreamRead {
 // The key splits of a decode call and its kernel count from the backend's report ("; 6 key splits, one cluster",
 // "; 6 key splits + the combine kernel", "; 1 key split"); false when the report names no split count.
 bool splits_of_report(const sinkattn_params_t& p, int* splits, int* kernels) {
-  char report[2048] = {0};
-  sinkattn_backend_t chosen{};
-  if (sinkattn_query_backend(&p, 0, &chosen, report, sizeof report) != SINKATTN_OK) return false;
-  const char* at = std::strstr(report, " key split");
-  if (at == nullptr) return false;
-  const char* num = at;
-  while (num > report && num[-1] >= '0' && num[-1] <= '9') --num;
+  const std::string report = sinkattn_test::cuda_kernels(p);
+  const size_t at = report.find(" key split");
+  if (at == std::string::npos) return false;
+  size_t num = at;
+  while (num > 0 && report[num - 1] >= '0' && report[num - 1] <= '9') --num;
   if (num == at) return false;
-  *splits = std::atoi(num);
-  *kernels = std::strstr(at, "combine kernel") != nullptr ? 2 : 1;
+  *splits = std::atoi(report.c_str() + num);
+  *kernels = report.find("combine kernel", at) != std::string::npos ? 2 : 1;
   return true;
 }
 

@@ -321,8 +321,10 @@ std::string kernel_family(const sinkattn_params_t& p) {
 void check_split_path(const Case& c, sinkattn_params_t p, int32_t s, const std::string& who) {
   const auto has = [s](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), s) != v.end(); };
   if (g_cpu_only || !g_hopper || !(has(c.cluster_splits) || has(c.combine_splits))) return;
+  // a switch is on when set to anything but "" or "0" (dispatch.hpp, Switches)
   const char* off = std::getenv("SINKATTN_CUDA_NO_DECODE_CLUSTER");
-  const bool cluster = has(c.cluster_splits) && !(off != nullptr && std::string(off) == "1");
+  const bool cluster_off = off != nullptr && off[0] != '\0' && std::string(off) != "0";
+  const bool cluster = has(c.cluster_splits) && !cluster_off;
   p.num_splits = s;
   const std::string k = sinkattn_test::cuda_kernels(p);
   const std::string want =

@@ -1,5 +1,6 @@
 // The kernels a CUDA call would run, as sinkattn_query_backend reports them (the text after "kernels: " on the
-// chosen backend's line), for the GPU programs that print or check them (gpu_decode.cpp, gpu_bench_paged_prefill.cpp).
+// chosen backend's line), for the GPU programs that print or check them (gpu_decode.cpp, gpu_bench_decode.cu,
+// gpu_bench_paged_prefill.cpp).
 #pragma once
 #include <string>
 

@@ -53,6 +53,22 @@
 
 namespace sinkattn::cuda {
 
+// The merge's shared memory, over the dead tiles: each warp column's acc (its own m), m (base 2), l, the factor
+// 2^(m_w - m) / l of column w, the natural-log LSE of each row, and the cluster combine's weights.
+template <int BM, int WN, int AL>
+struct DecodeMergeSmem {
+  float* acc;  // [WN][BM][AL]
+  float* m;    // [WN][BM]
+  float* l;    // [WN][BM]
+  float* f;    // [WN][BM]
+  float* lse;  // [BM]
+  float* w;    // [BM][kDecodeClusterMaxSplits]
+  static constexpr int kBytes = (WN * BM * AL + 3 * WN * BM + BM + BM * kDecodeClusterMaxSplits) * 4;
+  __device__ __forceinline__ explicit DecodeMergeSmem(unsigned char* raw)
+      : acc(reinterpret_cast<float*>(raw)), m(acc + WN * BM * AL), l(m + WN * BM), f(l + WN * BM), lse(f + WN * BM),
+        w(lse + BM) {}
+};
+
 // Tile shapes. HD: head-dim tile (64 or 128); MT: m-tiles of 16 rows per warp; WN: warps along the keys; QR: Q in
 // registers, 3 stages (above).
 template <int HD, int MT, int WN, bool QR = false>
@@ -69,9 +85,7 @@ struct DecodeTraits {
   static constexpr int kStride = HD + 8;     // bf16 / fp16 rows in shared memory
   static constexpr int kAccStride = HD + 4;  // fp32 rows of the merge
   static constexpr int kSmemTiles = ((QR ? 0 : kBlockM) + 2 * kStages * kBlockN) * kStride * 2;
-  // the merge: acc, m, l, factor per warp column, LSE per row; then the cluster combine's weights per row and split
-  static constexpr int kSmemMerge =
-      (WN * kBlockM * kAccStride + 2 * WN * kBlockM + WN * kBlockM + kBlockM + kBlockM * kDecodeClusterMaxSplits) * 4;
+  static constexpr int kSmemMerge = DecodeMergeSmem<kBlockM, WN, kAccStride>::kBytes;  // the merge, after the tiles
   static constexpr int kSmem = kSmemTiles > kSmemMerge ? kSmemTiles : kSmemMerge;
   // __launch_bounds__ minimum blocks per SM: what 227 KiB of shared memory holds (1 KiB reserved per block)
   static constexpr int kMinBlocks = (227 * 1024) / (kSmem + 1024) < 1 ? 1 : (227 * 1024) / (kSmem + 1024);
@@ -200,21 +214,6 @@ __device__ __forceinline__ void decode_load_q(const Params& p, T* sQ, int R0, in
     cp_async16(sQ + r * LD + cc * 8, src, ok);
   }
 }
-
-// The merge's shared memory, over the dead tiles: each warp column's acc (its own m), m (base 2), l, the factor
-// 2^(m_w - m) / l of column w, the natural-log LSE of each row, and the cluster combine's weights.
-template <int BM, int WN, int AL>
-struct DecodeMergeSmem {
-  float* acc;  // [WN][BM][AL]
-  float* m;    // [WN][BM]
-  float* l;    // [WN][BM]
-  float* f;    // [WN][BM]
-  float* lse;  // [BM]
-  float* w;    // [BM][kDecodeClusterMaxSplits]
-  __device__ __forceinline__ explicit DecodeMergeSmem(unsigned char* raw)
-      : acc(reinterpret_cast<float*>(raw)), m(acc + WN * BM * AL), l(m + WN * BM), f(l + WN * BM), lse(f + WN * BM),
-        w(lse + BM) {}
-};
 
 // Merges the WN warp columns' online-softmax states of every row: m = max m_w, l = sum l_w 2^(m_w - m), the factors
 // 2^(m_w - m) / l (0 for a row that saw nothing) and lse = natural_lse(m, l, sigma). Ends with a block barrier.
