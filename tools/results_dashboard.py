@@ -126,28 +126,31 @@ REASONS = {
         "2,000 per warp before the page split by a precomputed divisor, which took 10% of the kernel's SASS), behind "
         "the chain sequence length, page table, then K / V: 5.3-6.5 us (H100, 2026-12-06). A key loop of 325 "
         "instead of 485 instructions a tile (each warp copying its own keys' lines) took them 9% faster (c2b23ac "
-        "against bea352a, H100, 2026-12-07, tools/gpu-ab.sh with the decode bench); 400a01e's decode kernels, no "
+        "against bea352a, H100, 2026-12-07, `tools/gpu-ab.sh run 20 2` with the decode bench); 400a01e's decode kernels, no "
         "division before the first key load, 10% more, and the splits combined in their cluster 13% more at batch 1 "
         "(against c2b23ac's, H200, 2026-12-07, the same command): 4.4 us for one split, 6.6x the floor. At batch 1 and "
         "1k keys, 8 splits in clusters of 8 instead of 6 in clusters of 6 (de04f7b's split rule against c3a0d54, "
-        "H100, 2026-12-07, tools/gpu-ab.sh with the decode bench): 8.08 -> 7.12 us; one split still takes 4.3 us "
+        "H100, 2026-12-07, the same command): 8.08 -> 7.12 us; one split still takes 4.3 us "
         "on the H100, 4.6x its 0.94 us floor.",
         "2026-12-07-decode-split-rule.md"),
     ("decode", "read"): (
-        "The small-batch calls have too few warps to issue their instruction streams fast enough (batch 1, 32k keys: "
-        "344 blocks, 10.5 warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy under ncu); the split count "
-        "at batch 8 and above is worth at most a few % (split sweeps). Each warp copying its own keys' whole lines "
-        "(no block barrier a tile) took the large calls 2% faster (c2b23ac against bea352a, H100, 2026-12-07, "
-        "tools/gpu-ab.sh with the decode bench); at batch 1, 16 splits (one block an SM) instead of the 33-43 that "
-        "filled every resident slot took 32k keys from 58% to 64-70% and 128k keys with pages of 64 from 75% to 86% "
-        "(de04f7b against c3a0d54, H100, 2026-12-07, the same command).",
+        "At small batches each block streams a long key range with few warps an SM: under ncu (cc14058's decode "
+        "kernels, H100, 2026-12-06, `ncu -k regex:decode_kernel -c 1`) batch 1 at 32k keys ran 344 blocks, 10.5 "
+        "warps per SM, 6.9 cycles per issued instruction, DRAM 62% busy. Forced split counts "
+        "(`sinkattn_gpu_bench_decode 20 b8 0 --sweep-splits`, c3a0d54, H100, 2026-12-07) put the rule's count at "
+        "batch 8 within 5% of the best in 14 of 16 configurations (the others 1.07x and 1.23x). Each warp copying "
+        "its own keys' whole lines (no block barrier a tile) took the configurations of 64 MB and more 2% faster "
+        "(c2b23ac against bea352a, H100, 2026-12-07, `tools/gpu-ab.sh run 20 2` with the decode bench); at batch 1, "
+        "16 splits (one block an SM) instead of the 33-43 that filled every resident slot took 32k keys from 58% to "
+        "64-70% of the read and 128k keys with pages of 64 from 75% to 86% (de04f7b against c3a0d54, H100, "
+        "2026-12-07, the same command).",
         "2026-12-07-decode-split-rule.md"),
     ("decode", "sliding"): (
         "A block reads 2-3 tiles and exits, so each block's chain sequence length -> page table -> K / V is what the "
         "SM waits on: 4 blocks an SM (the short-range configuration, Q in registers) instead of 3 took batch 256 "
         "from 36-46% to 41-53% of the streaming read on the H200 (A/B, 2026-12-06); each warp copying its own keys "
         "(no block barrier a tile) took batch 256 on the H100 from 61-71% to 65-78% (c2b23ac against bea352a, "
-        "2026-12-07, tools/gpu-ab.sh with the decode bench); not profiled since.",
+        "2026-12-07, `tools/gpu-ab.sh run 20 2` with the decode bench); not profiled since.",
         "2026-12-07-decode-warp-lines.md"),
 }
 
