@@ -42,7 +42,13 @@ case "$cmd" in
     lib=$(ls -t "$build/libsinkattn.so.0.1.0" "$build/libsinkattn.so" 2>/dev/null | head -1 || true)
     xz -T0 -6 -c "$lib" >"$AB_DIR/$name.so.xz"
     bin=${BENCH_BIN:-sinkattn_gpu_bench}
-    cp "$build/tests/gpu/$bin" "$AB_DIR/$bin"
+    # a library-only build (no tests) reuses the bench an earlier pack copied
+    if [[ -x "$build/tests/gpu/$bin" ]]; then
+      cp "$build/tests/gpu/$bin" "$AB_DIR/$bin"
+    elif [[ ! -x "$AB_DIR/$bin" ]]; then
+      echo "gpu-ab: no $build/tests/gpu/$bin and none in $AB_DIR" >&2
+      exit 1
+    fi
     ls -la "$AB_DIR"
     ;;
   unpack)

@@ -55,8 +55,8 @@ void* dalloc_random(size_t elems, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Usage: sinkattn_gpu_bench [reps] [shape-substring] [--json FILE] (e.g. `1 mha` to profile one shape's kernels
-  // with ncu; `all`: every row, the extra ones included).
+  // Usage: sinkattn_gpu_bench [reps] [shape-substring | =shape] [--json FILE] (e.g. `1 mha` to profile one shape's
+  // kernels with ncu; `all`: every row, the extra ones included; `=gpt-oss-full`: that row alone).
   const sinkattn_bench::Args cli = sinkattn_bench::parse_args(argc, argv, "sinkattn_gpu_bench");
   const std::vector<std::string>& args = cli.positional;
   const int reps = args.size() > 0 ? std::atoi(args[0].c_str()) : 20;
@@ -97,8 +97,10 @@ int main(int argc, char** argv) {
   std::vector<Plain> plain;  // the times of the rows without bias / dropout
   for (const Shape& sh : shapes) {
     const std::string name = sh.name;
-    // `all`: every row; no argument: the three layers; else the rows whose name contains it
-    const bool selected = only == "all" || (only.empty() ? !sh.extra : name.find(only) != std::string::npos);
+    // `all`: every row; no argument: the three layers; `=NAME`: that row alone; else the rows whose name contains it
+    const bool selected = only == "all" || (only.empty()       ? !sh.extra
+                                            : only[0] == '='   ? name == only.substr(1)
+                                                               : name.find(only) != std::string::npos);
     if (!selected) continue;
     const int kSets = 3;
     const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;

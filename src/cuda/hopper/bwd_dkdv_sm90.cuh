@@ -81,6 +81,7 @@
 #include "cuda/hopper/bwd_sm90_prologue.cuh"
 #include "cuda/hopper/keep_producers.cuh"
 #include "cuda/hopper/sm90_common.cuh"
+#include "cuda/hopper/step_trace.cuh"
 #include "cuda/mask.cuh"
 #include "cuda/prologue.cuh"
 #include "cuda/scores.cuh"
@@ -305,6 +306,7 @@ struct DkvSm90Math {
                                              sq.len_kv, lane);
       wgmma_wait<1>();  // S^T
       fence_acc(s);
+      trace_mark(it, kTrS);
       bind_bias_t<Tr::kBiasBufs>(bias_view, bias_smem, sm.sB, sm.bias_bar, it, key_w, j0, lane);
       float sc_bias = 1.f;
       pt_from_st<T, kBias>(s, p, mk, n, h, key_w, i0, lane, l_cur, bias_t_source<Tr::kBiasBufs>(bias, bias_view),
@@ -316,6 +318,7 @@ struct DkvSm90Math {
       issue_dv<T, HD>(acc_dv, ap, do_cur);  // dV += P^T dO
       wgmma_wait<1>();  // dP^T (dV still running)
       fence_acc(dpv);
+      trace_mark(it, kTrDp);
       dst_from_dpt<kDropout>(dpv, s, d_cur, t, keep, p.dropout_rscale);  // dS^T = P^T (dP^T - D)
       store_frag_sw<T, BN>(sm.sdS, dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
       pack_a_frags<T>(dpv, as);
@@ -397,6 +400,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   const Mask& mk = blk.mk;
   const SeqInfo& sq = kt.sq;
   const int hk = kt.hk, n = kt.n, j0 = kt.j0, qb_lo = blk.qb_lo, nq = blk.nq, iters = nq * p.group;
+  trace_block(false, tc.block, hk, n);
   using Order = StepOrder<kDet || kBias>;  // (query head of the group, query block) of each step
   using Turns = DqTurns<dq_turn_per_step(kBias)>;  // kDet
 
@@ -460,13 +464,16 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     const int buf = it & 1;
     const int h = hk * p.group + ih;
     const int i0 = (qb_lo + iq) * BM;
+    trace_mark(it, kTrStep);
     cp_async_wait<0>();
     if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
       mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
       phase ^= 1u << buf;
     }
+    trace_mark(it, kTrLoaded);
     fence_proxy_async();
     math_sync();
+    trace_mark(it, kTrBarrierA);
     // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
     if (staged.pending && tid == 0) add_pending();
     const bool issued = staged.pending;
@@ -486,9 +493,12 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
     uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
     math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
+    trace_mark(it, kTrDs);
     dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
+    trace_mark(it, kTrDqBuffer);
     fence_proxy_async();
     math_sync();
+    trace_mark(it, kTrBarrierB);
     // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
     if constexpr (kBiasOneBuf) {
       if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
@@ -496,7 +506,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     math.dq_dk(acc_dk, acc_dv, as, buf, h, i0, tma_dq, [&] {
       if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
     }, staged);
+    trace_mark(it, kTrDk);
     if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
+    trace_mark(it, kTrEnd);
     ih = ih_next;
     iq = iq_next;
   }
@@ -505,6 +517,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   wgmma_wait<0>();
   fence_acc(acc_dk);
   fence_acc(acc_dv);
+  trace_block(true, tc.block, hk, n);
   store_dkdv<T>(p, kt, wg * 64 + wl * 16, 0, acc_dk, acc_dv, lane);
 #endif
 }
