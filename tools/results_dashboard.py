@@ -64,17 +64,21 @@ REASONS = {
         "profile of this kernel showed 51% of issue slots busy with 0.92 eligible warps per scheduler.",
         "2026-12-06-named-parts-fa4-decode.md"),
     ("bwd", "gpt-oss-full"): (
-        "The dK dV kernel is 1.77 of the 1.91 ms (H200) and its two warpgroups wait for each other at the step "
-        "barrier before the dQ product (ncu: 36% issue slots, tensor pipe 40%).",
-        "2026-12-05-pdl-dsinks.md"),
+        "Step timelines of the dK dV kernel (8e7c6ee's, H100, 2026-12-07, tools/prof/step_trace.sh): thread 0 issues "
+        "the dq reduce-adds and the next loads before its warp joins warpgroup 0's S^T wgmma, so that warpgroup starts "
+        "530 cycles late and the other waits 580 at the barrier before dQ (7.5% of a step), and both warpgroups do "
+        "their softmax at once with only dP^T and dV in flight; without the reduce-adds (a probe) the backward took "
+        "1.87 ms against 2.07.",
+        "2026-12-07-backward-step-trace.md"),
     ("fwd", "mha-d128"): (
         "Two consumer warpgroups are the most the registers allow at head dim 128, and they leave 62% of cycles "
         "with no eligible warp (ncu).",
         "2026-12-05-pdl-dsinks.md"),
     ("bwd", "mha-d128"): (
         "The dK dV kernel takes 254 registers at 64 query rows per step, so neither a 128-row step nor a third "
-        "warpgroup fits; 68% of cycles have no eligible warp (ncu).",
-        "2026-12-05-pdl-dsinks.md"),
+        "warpgroup fits; 68% of cycles have no eligible warp (ncu, 2026-12-05); without the dq reduce-adds (a probe, "
+        "8e7c6ee's kernels, H100, 2026-12-07) the backward took 1.63 ms against 1.91.",
+        "2026-12-07-backward-step-trace.md"),
     ("fb", "gpt-oss-sliding"): (
         "The backward's preprocess (72 us) and dq convert (53 us) run at memory speed, and the dK dV kernel's "
         "128 x 128 tiles see the 127-key band twice over (271 us; H200, per kernel); the forward stays on the sm_80 "
@@ -91,8 +95,9 @@ REASONS = {
         "2026-12-05-dkdv-head-dim-256.md"),
     ("fwd", "gpt-oss-full-16k"): ("Not profiled at s 16384.", "2026-12-05-fa4-h100.md"),
     ("bwd", "gpt-oss-full-16k"): (
-        "Not profiled at s 16384; at s 4096 the same kernel waits at its step barrier before the dQ product.",
-        "2026-12-05-pdl-dsinks.md"),
+        "Not profiled at s 16384; at s 4096 (step timelines, H100, 2026-12-07) warpgroup 0 starts its S^T 530 cycles "
+        "after the other, behind thread 0's reduce-adds and loads, and both warpgroups do their softmax at once.",
+        "2026-12-07-backward-step-trace.md"),
     ("fwd", "mha-d128-16k"): (
         "Not profiled at s 16384 beyond the forward's L2 sections (3 heads a section, 5.6% faster than none).",
         "2026-12-03-forward-l2-sections.md"),
@@ -100,9 +105,11 @@ REASONS = {
         "Not profiled at s 16384; at s 4096 the dK dV kernel is bound by its registers (254, no 128-row step).",
         "2026-12-05-pdl-dsinks.md"),
     ("det", "*"): (
-        "The fixed order's start-up chain: key block kb waits about kb steps for its first turn (0.61x of the "
-        "default on a one-wave non-causal shape, where the chain is all there is).",
-        "2026-12-05-deterministic-per-step-turns.md"),
+        "Step timelines (8e7c6ee's kernels, H100, 2026-12-07, GPT-OSS full): warp 0 waits for its own reduce-adds "
+        "to complete before it releases a turn, then for its own turn, about 1,370 more cycles a step, while the other "
+        "seven warps wait at the next block barrier (1,100-1,400 cycles; a step +24%); a model of the fixed order's "
+        "start-up chain puts it at 0.97-0.98x of the default at s 4096.",
+        "2026-12-07-backward-step-trace.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
         "2026-12-05-dkdv-head-dim-256.md"),
