@@ -108,7 +108,7 @@ REASONS = {
         "Step timelines (8e7c6ee's kernels, H100, 2026-12-07, GPT-OSS full): warp 0 waits for its own reduce-adds "
         "to complete before it releases a turn, then for its own turn, about 1,370 more cycles a step, while the other "
         "seven warps wait at the next block barrier (1,100-1,400 cycles; a step +24%); a model of the fixed order's "
-        "start-up chain puts it at 0.97-0.98x of the default at s 4096.",
+        "start-up chain (tools/prof/det_order_model.py) puts it at 0.97-0.98x of the default at s 4096.",
         "2026-12-07-backward-step-trace.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
