@@ -311,7 +311,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
 #ifdef SINKATTN_STEP_TRACE  // profiling builds: the kernel's step timelines (hopper/step_trace.cuh)
   sm90::step_trace_clear(stream);
   e = launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));
-  sm90::step_trace_write(stream, HD, BM, det, p.group);
+  sm90::step_trace_write(stream, HD, BM, det, p.group, e, grid);
   return e;
 #else
   return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));

@@ -5,7 +5,8 @@
 # Env: LIB_DIR (the directory of the profiling build's libsinkattn.so.0, e.g. an unpacked tools/gpu-ab.sh library),
 # BENCH (default build/tests/gpu/sinkattn_gpu_bench), LAYERS (default "gpt-oss-full mha-d128 gpt-oss-sliding"),
 # OUT (default ./step-trace-out): OUT/LAYER/bench.txt (the profiling build's times: the stamps cost time, compare
-# with the library's own), dkdv_*.txt / .json (the summaries); the .bin stamps are removed unless KEEP_BIN=1.
+# with the library's own; and the library's "step trace:" lines: each launch's grid, blocks recorded, stamps),
+# dkdv_*.txt / .json (the summaries); the .bin stamps are removed unless KEEP_BIN=1.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/step-trace-out}
@@ -21,6 +22,7 @@ for layer in ${LAYERS:-gpt-oss-full mha-d128 gpt-oss-sliding}; do
     python3 tools/prof/step_trace.py "$f" --json "${f%.bin}.json" >"${f%.bin}.txt" 2>&1
     echo "== $layer: $(basename "$f")"
     cat "${f%.bin}.txt"
+    grep "step trace: $(basename "${f%.bin}"):" "$d/bench.txt" | tail -1
     [ "${KEEP_BIN:-0}" = 1 ] || rm -f "$f"
   done
 done

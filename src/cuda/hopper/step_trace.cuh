@@ -81,17 +81,30 @@ inline void step_trace_clear(cudaStream_t stream) {
   if (cudaGetSymbolAddress(&a, g_step_trace) == cudaSuccess) cudaMemsetAsync(a, 0, sizeof(g_step_trace), stream);
   if (cudaGetSymbolAddress(&b, g_block_trace) == cudaSuccess) cudaMemsetAsync(b, 0, sizeof(g_block_trace), stream);
 }
-inline void step_trace_write(cudaStream_t stream, int hd, int bm, bool det, int group) {
+// The launch's status and grid go to stderr with the counts of recorded blocks and stamps.
+inline void step_trace_write(cudaStream_t stream, int hd, int bm, bool det, int group, cudaError_t launched,
+                             dim3 grid) {
   const char* dir = std::getenv("SINKATTN_STEP_TRACE_DIR");
-  if (dir == nullptr || cudaStreamSynchronize(stream) != cudaSuccess) return;
+  if (dir == nullptr) return;
+  const std::string name = "dkdv_hd" + std::to_string(hd) + "_bm" + std::to_string(bm) + "_det" + (det ? "1" : "0");
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (launched != cudaSuccess || synced != cudaSuccess) {
+    std::fprintf(stderr, "step trace: %s: launch %s, sync %s\n", name.c_str(), cudaGetErrorString(launched),
+                 cudaGetErrorString(synced));
+    return;
+  }
   std::vector<unsigned long long> steps(sizeof(g_step_trace) / 8), blocks(sizeof(g_block_trace) / 8);
   if (cudaMemcpyFromSymbol(steps.data(), g_step_trace, sizeof(g_step_trace)) != cudaSuccess ||
       cudaMemcpyFromSymbol(blocks.data(), g_block_trace, sizeof(g_block_trace)) != cudaSuccess) {
-    std::fprintf(stderr, "step trace: copy failed\n");
+    std::fprintf(stderr, "step trace: %s: copy failed\n", name.c_str());
     return;
   }
-  const std::string path = std::string(dir) + "/dkdv_hd" + std::to_string(hd) + "_bm" + std::to_string(bm) +
-                           "_det" + (det ? "1" : "0") + ".bin";
+  long recorded = 0, stamped = 0;
+  for (int b = 0; b < kTraceBlocks; ++b) recorded += blocks[4 * b + 2] != 0;
+  for (unsigned long long v : steps) stamped += v != 0;
+  std::fprintf(stderr, "step trace: %s: grid %u x %u x %u, %ld blocks recorded, %ld stamps\n", name.c_str(), grid.x,
+               grid.y, grid.z, recorded, stamped);
+  const std::string path = std::string(dir) + "/" + name + ".bin";
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return;
   const int64_t hdr[9] = {0x53544550, hd, bm, det ? 1 : 0, group, kTraceBlocks, kTraceWarps, kTraceSteps,
