@@ -308,14 +308,10 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a height the rule does not give this variant
   cudaError_t e = prepare_smem(kernel, smem);
   if (e != cudaSuccess) return e;
-#ifdef SINKATTN_STEP_TRACE  // profiling builds: the kernel's step timelines (hopper/step_trace.cuh)
-  sm90::step_trace_clear(stream);
+  sm90::step_trace_clear(stream);  // (profiling builds only: hopper/step_trace.cuh)
   e = launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));
   sm90::step_trace_write(stream, HD, BM, det, p.group, e, grid);
   return e;
-#else
-  return launch_kernel(kernel, grid, dim3(threads), smem, stream, kc.pdl, p, dkdv_tma_maps<T>(p, kc, BM));
-#endif
 }
 
 // The Hopper dK dV kernel of tile 256 (the head dim split between the warpgroups; plain: no bias, no dropout).

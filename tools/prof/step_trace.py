@@ -17,8 +17,7 @@ import statistics
 import struct
 import sys
 
-POINTS = ["step", "loaded", "barrier A", "S^T", "dP^T", "dS^T", "dq buffer", "barrier B", "dK", "end"]
-# the phases: (from point, to point, name)
+# the phases between the points of step_trace.cuh's TracePoint: (from point, to point, name)
 PHASES = [
     (0, 1, "wait for the step's loads"),
     (1, 2, "barrier A"),

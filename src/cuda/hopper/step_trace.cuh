@@ -3,15 +3,15 @@
 // clock64() at the marked points (TracePoint) of its first kTraceSteps steps, and thread 0 records the block's SM,
 // tile and start / end (%globaltimer, ns); after each launch the launcher (launch.cuh) waits for the kernel and
 // writes the stamps to $SINKATTN_STEP_TRACE_DIR/dkdv_hd<HD>_bm<BM>_det<0|1>.bin (the last launch of that kernel
-// wins); tools/prof/step_trace.py reads them. Without the macro trace_mark and trace_block are empty and every
+// wins); tools/prof/step_trace.py reads them. Without the macro these functions are empty and every
 // kernel's SASS is what it is without them (tools/sass_compare.py: identical; a point inside dq_dk or its turn
 // callback reordered a few instructions of eight kernels, so the step's second half is one phase). A profiling
 // build's timings are not the library's: the stamps are extra instructions and stores on the measured path.
 #pragma once
 
-#ifdef SINKATTN_STEP_TRACE
 #include <cuda_runtime.h>
 
+#ifdef SINKATTN_STEP_TRACE
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +117,8 @@ inline void step_trace_write(cudaStream_t stream, int hd, int bm, bool det, int 
 #else
 __device__ __forceinline__ void trace_mark(int, TracePoint) {}
 __device__ __forceinline__ void trace_block(bool, int, int, int) {}
+inline void step_trace_clear(cudaStream_t) {}
+inline void step_trace_write(cudaStream_t, int, int, bool, int, cudaError_t, dim3) {}
 #endif
 
 }  // namespace sinkattn::cuda::sm90
