@@ -31,6 +31,16 @@ inline Args parse_args(int argc, char** argv, const char* tool) {
   return a;
 }
 
+// Whether a benchmark row is run for the row filter `only` (the programs' first argument after the repetitions):
+// "all": every row; "": the default rows (not `extra`); "=NAME": the row named NAME alone; else every row whose
+// name contains `only`.
+inline bool row_selected(const std::string& only, const std::string& name, bool extra) {
+  if (only == "all") return true;
+  if (only.empty()) return !extra;
+  if (only[0] == '=') return name == only.substr(1);
+  return name.find(only) != std::string::npos;
+}
+
 // ISO 8601, UTC, to the second: 2026-12-06T04:38:34Z.
 inline std::string utc_now() {
   const std::time_t t = std::time(nullptr);

@@ -97,11 +97,7 @@ int main(int argc, char** argv) {
   std::vector<Plain> plain;  // the times of the rows without bias / dropout
   for (const Shape& sh : shapes) {
     const std::string name = sh.name;
-    // `all`: every row; no argument: the three layers; `=NAME`: that row alone; else the rows whose name contains it
-    const bool selected = only == "all" || (only.empty()       ? !sh.extra
-                                            : only[0] == '='   ? name == only.substr(1)
-                                                               : name.find(only) != std::string::npos);
-    if (!selected) continue;
+    if (!sinkattn_bench::row_selected(only, name, sh.extra)) continue;  // (no argument: the three layers)
     const int kSets = 3;
     const size_t nq = size_t(sh.b) * sh.s * sh.h_q * sh.d, nk = size_t(sh.b) * sh.s * sh.h_kv * sh.d;
     std::vector<void*> q(kSets), k(kSets), v(kSets), dout(kSets);
