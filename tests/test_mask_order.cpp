@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/mask.hpp"
@@ -18,6 +19,7 @@
 #include "common/seq.hpp"
 #include "core/kv_rows.hpp"
 #include "cuda/dq_order.hpp"
+#include "cuda/hopper/handover.hpp"
 #include "cuda/scheduler.hpp"
 #include "cuda/tiles.hpp"
 
@@ -506,5 +508,142 @@ TEST(FastDivmod, EqualsTheDivision) {
       ASSERT_EQ(f.div(x), x / d) << "x " << x << " d " << d;
       ASSERT_EQ(x - f.div(x) * d, x % d) << "x " << x << " d " << d;
     }
+  }
+}
+
+// The Hopper dK dV kernel's handovers with its producer warpgroup (cuda/hopper/handover.hpp), run as three agents
+// under random interleavings: the math warpgroups (one agent: their per-thread arrivals complete a phase together),
+// the Q / dO loader (TMA steps only; the math loads the others by cp.async a step ahead) and the dq writer. Each
+// mbarrier is modelled by its phase count, and every wait by try_wait.parity's rule (the phase with that parity has
+// completed: the count's parity differs); the test checks that this equals the wait meant (the count is past the
+// awaited completion), which holds only while no barrier runs two completions ahead of a waiter, that no buffer is
+// written while a step still reads it, that every step reads what it should, and that the protocol cannot deadlock.
+namespace {
+struct SimBar {
+  int completed = 0;
+  bool parity_done(uint32_t parity) const { return static_cast<uint32_t>(completed & 1) != parity; }
+};
+struct Handover {
+  int iters;
+  std::vector<bool> tma;  // step it's Q / dO by the loader's TMA (else by the math's cp.async)
+  SimBar bars[2], q_empty[2], dq_full[2], dq_empty[2];
+  int qbuf[2] = {-1, -1}, qbuf_landed[2] = {-1, -1}, sdq[2] = {-1, -1};
+  // the math: step, stage within it (0 loads landed, 1 sdQ free, 2 staged, 3 end)
+  int m_it = 0, m_stage = 0;
+  int l_it = 0;          // the loader's next step
+  int l_in_flight = -1;  // a TMA load issued and not landed yet (step)
+  int w_it = 0;          // the writer's next step
+  std::vector<bool> math_done, writer_done;
+  int errors = 0;
+  int line = 0;
+  void check(bool ok, int at = __builtin_LINE()) {
+    if (!ok && errors++ == 0) line = at;
+  }
+  // a wait for completion number k of bar: the parity rule, checked against the count
+  bool wait(const SimBar& b, int k, uint32_t parity, int at = __builtin_LINE()) {
+    const bool meant = b.completed > k, got = b.parity_done(parity);
+    check(meant == got, at);
+    return got;
+  }
+  void load_cp_async(int s) {  // the math loads step s by cp.async (a step ahead, after the step's first barrier)
+    const int b = s & 1;
+    check(s < 2 || math_done[s - 2]);
+    qbuf[b] = s;
+    qbuf_landed[b] = s;
+  }
+  bool math_step() {
+    if (m_it >= iters) return false;
+    const int it = m_it, b = it & 1;
+    switch (m_stage) {
+      case 0:
+        if (!wait(bars[b], it >> 1, sinkattn::cuda::sm90::ring_parity(it))) return false;
+        check(qbuf[b] == it && qbuf_landed[b] == it);
+        if (it + 1 < iters && !tma[it + 1]) load_cp_async(it + 1);
+        m_stage = 1;
+        return true;
+      case 1:
+        if (it >= 2 && !wait(dq_empty[b], (it - 2) >> 1, sinkattn::cuda::sm90::ring_parity(it - 2))) return false;
+        m_stage = 2;
+        return true;
+      case 2:
+        check(it < 2 || writer_done[it - 2]);
+        sdq[b] = it;
+        ++dq_full[b].completed;
+        m_stage = 3;
+        return true;
+      default:
+        math_done[it] = true;
+        ++q_empty[b].completed;
+        m_stage = 0;
+        ++m_it;
+        return true;
+    }
+  }
+  bool loader_step() {  // every step: the wait, then a TMA step's loads, or a plain arrival for the math's cp.async
+    if (l_it >= iters || l_in_flight >= 0) return false;
+    const int it = l_it, b = it & 1;
+    if (it >= 2 && !wait(q_empty[b], (it - 2) >> 1, sinkattn::cuda::sm90::ring_parity(it - 2))) return false;
+    check(it < 2 || math_done[it - 2]);
+    if (tma[it]) {
+      qbuf[b] = it;
+      l_in_flight = it;
+    } else {
+      ++bars[b].completed;
+    }
+    ++l_it;
+    return true;
+  }
+  bool land() {
+    if (l_in_flight < 0) return false;
+    const int b = l_in_flight & 1;
+    qbuf_landed[b] = l_in_flight;
+    ++bars[b].completed;
+    l_in_flight = -1;
+    return true;
+  }
+  bool writer_step() {
+    if (w_it >= iters) return false;
+    const int it = w_it, b = it & 1;
+    if (!wait(dq_full[b], it >> 1, sinkattn::cuda::sm90::ring_parity(it))) return false;
+    check(sdq[b] == it);
+    writer_done[it] = true;
+    ++dq_empty[b].completed;
+    ++w_it;
+    return true;
+  }
+};
+}  // namespace
+
+TEST(DkvHandover, RingParityNamesTheAwaitedCompletion) {
+  std::mt19937 rng(20261207);
+  for (int trial = 0; trial < 3000; ++trial) {
+    Handover h;
+    h.iters = 1 + static_cast<int>(rng() % 40);
+    const int partial_every = 1 + static_cast<int>(rng() % 6);  // some steps by cp.async, as partial blocks are
+    for (int it = 0; it < h.iters; ++it) h.tma.push_back(rng() % 8 != 0 || it % partial_every != 0);
+    h.math_done.assign(h.iters, false);
+    h.writer_done.assign(h.iters, false);
+    if (!h.tma[0]) h.load_cp_async(0);  // the prologue's loads of step 0
+    while (h.m_it < h.iters || h.w_it < h.iters) {
+      bool moved = false;
+      for (int tries = 0; tries < 8 && !moved; ++tries) {
+        switch (rng() % 4) {
+          case 0: moved = h.math_step(); break;
+          case 1: moved = h.loader_step(); break;
+          case 2: moved = h.land(); break;
+          default: moved = h.writer_step(); break;
+        }
+      }
+      if (!moved) moved = h.math_step() || h.loader_step() || h.land() || h.writer_step();
+      ASSERT_TRUE(moved) << "deadlock at math step " << h.m_it << " (stage " << h.m_stage << ") writer step "
+                         << h.w_it << " loader step " << h.l_it << ", " << h.iters << " steps, step "
+                         << h.m_it << (h.m_it < h.iters && h.tma[h.m_it] ? " by TMA" : " by cp.async")
+                         << " tma " << [&] {
+                              std::string t;
+                              for (bool x : h.tma) t += x ? 'T' : 'c';
+                              return t;
+                            }() << " errors " << h.errors << " first at line " << h.line;
+    }
+    ASSERT_EQ(h.errors, 0) << "trial " << trial << ", " << h.iters << " steps";
   }
 }

@@ -275,6 +275,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   constexpr bool kExtra = tiles::dkdv_sm90_block_m(HD, false) == BM;
   static_assert(!kExtra || BM == 64, "the bias / dropout variants' staging and keep bits are laid out for 64 rows");
   using Tr90 = sm90::DkvSm90Traits<HD, false, false, BM>;
+  using Tr90Det = sm90::DkvSm90Traits<HD, false, false, BM, true>;  // (its dq writer: DkvSm90Traits::kDqWriter)
   static_assert(Tr90::kBlockN == DkvTraits<HD>::kBlockN, "same grid as the sm_80 dK dV kernel");
   if (!dkdv_sm90_workspace_ok(p, kc)) return cudaErrorInvalidValue;
   const bool det = kc.dq == DqPath::kFusedOrdered;
@@ -283,7 +284,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
   if (kc.dbias_group_sum && (!kc.bias || HD != 64 || p.ws_dbias_heads != p.h_kv)) return cudaErrorInvalidValue;
   if (kc.dkdv_bias_tma && !kc.bias) return cudaErrorInvalidValue;
   void (*kernel)(const Params, const sm90::Sm90Tma) = nullptr;
-  int smem = Tr90::kSmem, threads = Tr90::kThreads;
+  int smem = det ? Tr90Det::kSmem : Tr90::kSmem, threads = det ? Tr90Det::kThreads : Tr90::kThreads;
   if (kc.bias || kc.dropout) {
     if constexpr (kExtra) {
       // The bias variants' shared memory has room for the staged bias tiles (used when tma.bias_ok).
@@ -295,6 +296,7 @@ cudaError_t launch_bwd_dkdv_sm90(const Params& p, const KernelChoice& kc, dim3 g
         kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, false, true>
                      : sm90::bwd_dkdv_sm90_kernel<T, HD, false, false, true>;
         smem = kc.dbias_group_sum ? Tr90B::kSmemDbiasSum : Tr90B::kSmem;
+        threads = Tr90B::kThreads;  // (the plain variant has a producer warpgroup, the bias variants none)
       } else {
         kernel = det ? sm90::bwd_dkdv_sm90_kernel<T, HD, true, true> : sm90::bwd_dkdv_sm90_kernel<T, HD, false, true>;
         smem = Tr90D::kSmem;

@@ -78,6 +78,7 @@
 #include "cuda/hopper/bwd_sm90_dq.cuh"
 #include "cuda/hopper/bwd_sm90_epilogue.cuh"
 #include "cuda/hopper/bwd_sm90_products.cuh"
+#include "cuda/hopper/handover.hpp"
 #include "cuda/hopper/bwd_sm90_prologue.cuh"
 #include "cuda/hopper/keep_producers.cuh"
 #include "cuda/hopper/sm90_common.cuh"
@@ -88,7 +89,7 @@
 
 namespace sinkattn::cuda::sm90 {
 
-template <int HD, bool kBias_ = false, bool kDropout_ = false, int BM_ = 64>
+template <int HD, bool kBias_ = false, bool kDropout_ = false, int BM_ = 64, bool kDet_ = false>
 struct DkvSm90Traits {
   static constexpr int kHeadDim = HD;
   static constexpr int kConsumers = 256;  // the 2 warpgroups of the math (64 keys each)
@@ -99,9 +100,17 @@ struct DkvSm90Traits {
   // 180 bytes (988 deterministic) and serialises its wgmmas, so there the math warpgroups draw the bits themselves
   // (Dropout::keep_bits).
   static constexpr bool kKeepProducer = kDropout_ && tiles::dkdv_sm90_keep_producer(HD);
-  static constexpr int kThreads = kConsumers + (kKeepProducer ? 128 : 0);
-  static constexpr int kKeepRegs = 56, kConsumerRegs = 224;
-  static_assert(!kKeepProducer || kKeepRegs * 128 + kConsumerRegs * kConsumers <= 168 * kThreads,
+  // Without bias or dropout, deterministic or at 128 query rows per step (head dim 64): a producer warpgroup whose
+  // first warp is the dq writer (bwd_sm90_dq.cuh, dq_writer) and lane 0 of whose second issues the Q / dO loads, 24
+  // registers, the math warpgroups 240 (bench/log/2026-12-07-dq-writer.md, H100): the deterministic backward 15%
+  // faster at GPT-OSS full (2.05 against 2.41 ms, as fast as the default), 7% at MHA head dim 128; the default 2%
+  // faster at GPT-OSS full, 1% slower at the sliding layer, and 11% slower at MHA head dim 128 (2.13 against 1.92 ms;
+  // at 240 registers its math spills), which therefore keeps thread 0 issuing the reduce-adds and the loads.
+  static constexpr bool kDqWriter = !kDropout_ && !kBias_ && (kDet_ || BM_ == 128);
+  static constexpr bool kProducerWG = kKeepProducer || kDqWriter;
+  static constexpr int kThreads = kConsumers + (kProducerWG ? 128 : 0);
+  static constexpr int kKeepRegs = kDqWriter ? 24 : 56, kConsumerRegs = kDqWriter ? 240 : 224;
+  static_assert(!kProducerWG || kKeepRegs * 128 + kConsumerRegs * kConsumers <= 168 * kThreads,
                 "setmaxnreg redistributes the block's registers");
   static constexpr int kBlockN = tiles::dkdv_sm90_block_n(HD);  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = BM_;                            // query rows per step (tiles::dkdv_sm90_block_m)
@@ -128,7 +137,7 @@ struct DkvSm90Traits {
   static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
   static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 + 32 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
-  static constexpr int kSmem = kBarsOff + 32 + kSlack;
+  static constexpr int kSmem = kBarsOff + 32 + (kDqWriter ? 64 : 0) + kSlack;
   static_assert(HD > 128 || kSmem + 1024 <= 227 * 1024, "shared memory per block (dynamic + 1024 static)");
   // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
   // floats) summed over the group in shared memory, [kBlockM / 2][kConsumers] floats after the barriers.
@@ -160,6 +169,8 @@ struct DkvSm90Smem {
   uint64_t *bars, *bias_bar;
   unsigned* ticket;
   float* sDb;
+  uint64_t *dq_full, *dq_empty;  // kDqWriter: the staged dq tiles' handover, per buffer
+  uint64_t* q_empty;             // kDqWriter: the Q / dO buffers free again (every math thread arrives)
   __device__ __forceinline__ explicit DkvSm90Smem(unsigned char* smem_raw) {
     sK = reinterpret_cast<T*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     sV = sK + BN * HD;
@@ -176,12 +187,22 @@ struct DkvSm90Smem {
     bias_bar = bars + 2;
     ticket = reinterpret_cast<unsigned*>(bars + 3);
     sDb = reinterpret_cast<float*>(bars + 4);
+    dq_full = bars + 4;
+    dq_empty = bars + 6;
+    q_empty = bars + 8;
   }
   // Thread 0, before the block's first barrier.
   __device__ __forceinline__ void init_barriers() const {
     mbar_init(&bars[0], 1);
     mbar_init(&bars[1], 1);
     mbar_init(bias_bar, 1);
+    if constexpr (Tr::kDqWriter) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&dq_full[b], Tr::kConsumers);
+        mbar_init(&dq_empty[b], 1);
+        mbar_init(&q_empty[b], Tr::kConsumers);
+      }
+    }
     if constexpr (Tr::kKeepProducer) {
       for (int b = 0; b < 2; ++b) {
         mbar_init(&keep_bars->full[b], Tr::kThreads - Tr::kConsumers);
@@ -351,7 +372,12 @@ struct DkvSm90Math {
     turn();
     wgmma_wait<1>();  // dV, dQ (dK still running)
     fence_acc(accq);
-    if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
+    if constexpr (Tr::kDqWriter) {  // every tile to the writer (dq_writer)
+      dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
+      fence_proxy_async();
+      mbar_arrive(&sm.dq_full[buf]);
+      (void)staged;
+    } else if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
       dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
       fence_proxy_async();
       staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
@@ -364,6 +390,64 @@ struct DkvSm90Math {
   }
 };
 
+// The Q / dO loader (DkvSm90Traits::kDqWriter: lane 0 of the producer warpgroup's warp 9): for every step, once the
+// math warps have finished the step two before it with the same buffer (q_empty), a step whose query block lies in
+// the sequence (tma_block): arms bars[buf] with the tile's bytes and issues its TMA loads; another: a plain arrival
+// on bars[buf] (the math threads load that tile by cp.async, DkvSm90Loads, as without the loader). Every step thus
+// completes a phase of bars[buf] and the math waits for each (handover.hpp: neither side runs two phases ahead).
+template <typename Order, int BM, int BN, int HD, typename T, typename TmaBlock>
+__device__ __forceinline__ void qdo_loader(const DkvBlock<BM, BN>& blk, const Params& p, const Sm90Tma& tma,
+                                           const TmaBlock& tma_block, T* sQ, T* sdO, uint64_t* bars,
+                                           uint64_t* q_empty) {
+  const KeyTile<BN>& kt = blk.kt;
+  const int iters = blk.nq * p.group, nb = p.varlen ? 0 : kt.n;
+  int ih, iq;
+  Order::first(blk.nq, p.group, ih, iq);
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1, h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
+    if (it >= 2) mbar_wait(&q_empty[buf], ring_parity(it - 2));
+    if (!tma_block(i0)) {
+      mbar_arrive(&bars[buf]);  // the math threads load this step by cp.async; it still completes a phase
+    } else {
+      mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
+      const int row = static_cast<int>(kt.sq.q_start) + i0;
+#pragma unroll
+      for (int c = 0; c < HD / 64; ++c) {
+        tma_load_4d(sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
+        tma_load_4d(sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
+      }
+    }
+    Order::next(blk.nq, p.group, ih, iq);
+  }
+}
+
+// The producer warpgroup (DkvSm90Traits::kProducerWG, warpgroup 2), true for its threads once they are done: they
+// give registers to the math warpgroups (setmaxnreg) and take their role: kDqWriter: warp 8 the dq writer
+// (bwd_sm90_dq.cuh), lane 0 of warp 9 the Q / dO loader (qdo_loader), the other threads leave at once;
+// kKeepProducer: the keep bits (keep_producers.cuh). The math threads (false) take the registers.
+template <typename Tr, typename Order, typename Turns, bool kDet, int BM, int BN, typename T, typename TmaBlock,
+          typename TmaDq>
+__device__ __forceinline__ bool producer_warpgroup(const DkvBlock<BM, BN>& blk, const Params& p, const Sm90Tma& tma,
+                                                   const DkvSm90Smem<T, Tr>& sm, int block, const TmaBlock& tma_block,
+                                                   const TmaDq& tma_dq, int tid) {
+  constexpr int HD = Tr::kHeadDim;
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp >> 2 != 2) {
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    return false;
+  }
+  setmaxnreg_dec<Tr::kKeepRegs>();
+  if constexpr (Tr::kDqWriter) {
+    if (warp == 8)
+      dq_writer<Order, Turns, kDet, BM, BN, HD>(blk, p, &tma.dq, tma_dq, sm.sdQ, sm.dq_full, sm.dq_empty, block, lane);
+    else if (warp == 9 && lane == 0)
+      qdo_loader<Order, BM, BN, HD>(blk, p, tma, tma_block, sm.sQ, sm.sdO, sm.bars, sm.q_empty);
+  } else {
+    keep_producer<BM, BN, Order>(p, blk.kt, blk.mk, blk.qb_lo, blk.nq, sm.sKeep, sm.keep_bars, tid - Tr::kConsumers);
+  }
+  return true;
+}
+
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
 // - D), with the keep bits the producer warpgroup (keep_producer, head dim 64) drew into sKeep, read after the S^T /
 // dP^T issue, or (head dim 128, DkvSm90Traits says why) drawn by the math warpgroups while S^T / dP^T run.
@@ -372,11 +456,11 @@ struct DkvSm90Math {
 // the heads, KernelChoice::dbias_group_sum) summed over the KV group's query heads first, in shared memory
 // (kSmemDbiasSum): 8x fewer workspace bytes at GPT-OSS (bench/log/2026-12-02-dbias-group-sum.md).
 template <typename T, int HD, bool kDet, bool kDropout = false, bool kBias = false, int BM_ = 64>
-__global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThreads, 1)
+__global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>::kThreads, 1)
     bwd_dkdv_sm90_kernel(const Params p, const __grid_constant__ Sm90Tma tma) {
   static_assert(!(kDropout && kBias), "no variant with both (dispatch.cpp)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkvSm90Traits<HD, kBias, kDropout, BM_>;
+  using Tr = DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NO = HD / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const DkvSm90Smem<T, Tr> sm(smem_raw);
@@ -415,24 +499,18 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
   };
   if (tid == 0) sm.init_barriers();
   __syncthreads();
-  constexpr bool kProducer = Tr::kKeepProducer;
-  if constexpr (kProducer) {  // warpgroup 2: the keep producer (keep_producers.cuh); it leaves when done
-    if (wg == 2) {
-      setmaxnreg_dec<Tr::kKeepRegs>();
-      keep_producer<BM, BN, Order>(p, kt, mk, qb_lo, nq, sm.sKeep, sm.keep_bars, tid - Tr::kConsumers);
-      return;
-    }
-    setmaxnreg_inc<Tr::kConsumerRegs>();
+  if constexpr (Tr::kProducerWG) {  // warpgroup 2 takes its role (producer_warpgroup) and leaves
+    if (producer_warpgroup<Tr, Order, Turns, kDet>(blk, p, tma, sm, tc.block, tma_block, tma_dq, tid)) return;
   }
   auto math_sync = [] {
-    if constexpr (kProducer) named_bar_sync(kBarMath, Tr::kConsumers);
+    if constexpr (Tr::kProducerWG) named_bar_sync(kBarMath, Tr::kConsumers);
     else __syncthreads();
   };
   load_kv_sw<HD, Tr::kConsumers>(sm.sK, sm.sV, kt, p, tid);  // K, V of the block, once (cp.async)
   pdl_wait();  // the preprocess's ws_lse2 / ws_dp / zeroed ws_dq (K and V loads are already under way)
   uint32_t phase = 0;  // bit b: parity of the next completion of bars[b]
   RowStatsPrefetch<BM> pf;
-  constexpr int kLoader = kDet ? 32 : 0;
+  constexpr int kLoader = Tr::kDqWriter ? -1 : kDet ? 32 : 0;  // the TMA loads' thread (-1: the producer's warp 9)
   const int pf_tid = kDet ? tid ^ BM : tid;  // BM 128: threads 128 .. 255
   const DkvSm90Loads<T, Tr, kLoader, decltype(tma_block)> load{hk, j0,  tma_block, p,     qb_lo, bias_smem, tid, sm,
                                                                    sq, n,   tma,       kt, pf,    pf_tid};
@@ -466,7 +544,9 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     const int i0 = (qb_lo + iq) * BM;
     trace_mark(it, kTrStep);
     cp_async_wait<0>();
-    if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
+    if constexpr (Tr::kDqWriter) {  // the loader's phase of this step (its TMA loads, or its turn for cp.async)
+      mbar_wait(&sm.bars[buf], ring_parity(it));
+    } else if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
       mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
       phase ^= 1u << buf;
     }
@@ -475,7 +555,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     math_sync();
     trace_mark(it, kTrBarrierA);
     // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
-    if (staged.pending && tid == 0) add_pending();
+    if (!Tr::kDqWriter && staged.pending && tid == 0) add_pending();
     const bool issued = staged.pending;
     staged.pending = false;
     int ih_next = ih, iq_next = iq;
@@ -486,7 +566,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     // kDet, a step that opens a turn: its counter, read early by the threads that wait for the turn.
     const unsigned* sem = nullptr;
     unsigned seen = 0;
-    const bool waits = kDet && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
+    const bool waits = kDet && !Tr::kDqWriter && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
     if constexpr (kDet) {
       if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
     }
@@ -494,7 +574,11 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
     uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
     math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
     trace_mark(it, kTrDs);
-    dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
+    if constexpr (Tr::kDqWriter) {  // the writer has added step it - 2's tile from this buffer
+      if (tid == 0 && it >= 2) mbar_wait(&sm.dq_empty[buf], ring_parity(it - 2));
+    } else {
+      dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
+    }
     trace_mark(it, kTrDqBuffer);
     fence_proxy_async();
     math_sync();
@@ -504,15 +588,16 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_>::kThre
       if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
     }
     math.dq_dk(acc_dk, acc_dv, as, buf, h, i0, tma_dq, [&] {
-      if constexpr (kDet) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
+      if constexpr (kDet && !Tr::kDqWriter) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
     }, staged);
     trace_mark(it, kTrDk);
+    if constexpr (Tr::kDqWriter) mbar_arrive(&sm.q_empty[buf]);  // dK has completed: Q / dO [buf] are free
     if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
     trace_mark(it, kTrEnd);
     ih = ih_next;
     iq = iq_next;
   }
-  dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, math_sync, add_pending);
+  if constexpr (!Tr::kDqWriter) dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, math_sync, add_pending);
   cp_async_wait<0>();
   wgmma_wait<0>();
   fence_acc(acc_dk);

@@ -8,6 +8,7 @@
 #include "cuda/dq_order.hpp"
 #include "cuda/hopper/bwd_sm90_prologue.cuh"
 #include "cuda/common.cuh"
+#include "cuda/hopper/handover.hpp"
 #include "cuda/hopper/sm90_common.cuh"
 #include "cuda/params.cuh"
 
@@ -202,6 +203,69 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
       release_last_dq_turn<Turns>(blk, p, tid);
     }
   }
+}
+
+// ---- The dq writer (DkvSm90Traits::kDqWriter): one warp of the producer warpgroup adds every step's staged dQ
+// tile to ws_dq, so that no math warp issues a bulk operation or waits for a turn. It walks the steps in the math
+// warps' order (Order) and, per step it (buffer it & 1): waits on dq_full[buf] (every math thread arrives once its
+// part of the tile is in sdQ, after a proxy fence); kDet: waits for the step's turn (lane 0); adds the tile: a full
+// query block (tma_dq) by thread lane 0's TMA reduce-adds, waiting until they have read the buffer, else by the
+// warp's float4 atomics of the rows inside the sequence read back from the swizzled image; arrives on
+// dq_empty[buf] (the math warps' staging of step it + 2 waits for it); kDet: once the adds have completed, releases
+// the turn. The tile layout is dq_stage's (sw128_f32_offset<BM>: the boxes of the ws_dq map one after another).
+// It runs on the 24 registers a thread the producer warpgroup keeps (setmaxnreg). Its turns are per step (the writer
+// is for the variants without a bias: dq_turn_per_step).
+template <typename Order, typename Turns, bool kDet, int BM, int BN, int HD, typename TmaDq>
+__device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Params& p, const CUtensorMap* map,
+                                          const TmaDq& tma_dq, const float* sdQ, uint64_t* dq_full,
+                                          uint64_t* dq_empty, int block, int lane) {
+  const KeyTile<BN>& kt = blk.kt;
+  const SeqInfo& sq = kt.sq;
+  const int iters = blk.nq * p.group;
+  pdl_wait();  // ws_dq is zeroed by the preprocess
+  int ih, iq;
+  Order::first(blk.nq, p.group, ih, iq);
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1, h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
+    const float* tile = sdQ + buf * BM * HD;
+    mbar_wait(&dq_full[buf], ring_parity(it));
+    unsigned* sem = nullptr;
+    if constexpr (kDet) {
+      if (lane == 0) {
+        sem = dq_turn_sem<Turns>(blk, p, ih, iq);
+        if (sem != nullptr) wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(blk.mk, block, blk.qb_lo + iq)),
+                                      load_turn(sem));
+      }
+      __syncwarp();
+    }
+    if (tma_dq(i0)) {
+      if (lane == 0) {
+        dq_reduce_add<HD>(map, [&](int bx) { return tile + bx * BM * 32; }, p.d,
+                          static_cast<int>(ws_row(p, sq, kt.n, i0)), h);
+        bulk_wait_read<0>();
+      }
+    } else {
+      const int rows = min(BM, sq.len_q - i0);
+      const unsigned char* img = reinterpret_cast<const unsigned char*>(tile);
+      for (int e = lane; e < BM * HD / 4; e += 32) {
+        const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
+        if (r >= rows || c >= p.d) continue;
+        const float4 v = *reinterpret_cast<const float4*>(img + sw128_f32_offset<BM>(r, c));
+        float* dst = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, kt.n, i0 + r)) * p.d + c;
+        atomicAdd(reinterpret_cast<float4*>(dst), v);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(&dq_empty[buf]);
+      if constexpr (kDet) {
+        bulk_wait<0>();
+        if (sem != nullptr) release_turn(sem);
+      }
+    }
+    Order::next(blk.nq, p.group, ih, iq);
+  }
+  if (lane == 0) bulk_wait<0>();
 }
 
 }  // namespace sinkattn::cuda::sm90
