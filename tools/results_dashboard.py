@@ -105,11 +105,13 @@ REASONS = {
         "Not profiled at s 16384; at s 4096 the dK dV kernel is bound by its registers (254, no 128-row step).",
         "2026-12-05-pdl-dsinks.md"),
     ("det", "*"): (
-        "Step timelines (8e7c6ee's kernels, H100, 2026-12-07, GPT-OSS full): warp 0 waits for its own reduce-adds "
-        "to complete before it releases a turn, then for its own turn, about 1,370 more cycles a step, while the other "
-        "seven warps wait at the next block barrier (1,100-1,400 cycles; a step +24%); a model of the fixed order's "
-        "start-up chain (tools/prof/det_order_model.py) puts it at 0.97-0.98x of the default at s 4096.",
-        "2026-12-07-backward-step-trace.md"),
+        "The run shown predates the dq writer (f146020): in an A/B on the H100 (2026-12-07, against 8e7c6ee's kernels) "
+        "the deterministic backward took 2.05 ms against 2.41 at GPT-OSS full (0.99x of the default, still slower "
+        "than FlashAttention-4's deterministic backward in R11) and 2.22-2.26 against 2.41 at MHA d128 (0.85x of the "
+        "default, whose head-dim-128 variant keeps thread 0 issuing the adds: the writer made it 11% slower). Before "
+        "it, step timelines showed warp 0 waiting for its own reduce-adds and its turn about 1,370 cycles a step while "
+        "the other warps waited at the next barrier.",
+        "2026-12-07-dq-writer.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
         "2026-12-05-dkdv-head-dim-256.md"),
