@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(DkvTraits<HD>::kThreads, 1) bwd_dkdv_kernel(co
       __syncthreads();
       const int mtile = warp % MTILES;
       const int ia = i0 + mtile * 16 + g, ib = ia + 8;
-      float* rowa = ia < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d : nullptr;
-      float* rowb = ib < sq.len_q ? p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ib)) * p.d : nullptr;
+      float* rowa = ia < sq.len_q ? ws_dq_row(p, sq, n, h, ia) : nullptr;
+      float* rowb = ib < sq.len_q ? ws_dq_row(p, sq, n, h, ib) : nullptr;
 #pragma unroll 1
       for (int ch = warp / MTILES; ch < CHUNKS; ch += CG) {
         if (ch * CW >= p.d) break;

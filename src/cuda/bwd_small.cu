@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
     }
   }
   if (p.ws_dq != nullptr && i < sq.rows_q) {  // zero this row of the dq accumulator (d: a multiple of 8)
-    float* acc = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d;
+    float* acc = ws_dq_row(p, sq, n, h, i);
     for (int c = sub * 4; c < p.d; c += 16) *reinterpret_cast<float4*>(acc + c) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kPreThreads) dq_convert_kernel(const Params p)
     const int i = i0 + e / pieces, c = (e - (e / pieces) * pieces) * 4;
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     if (i < sq.len_q)
-      a = *reinterpret_cast<const float4*>(p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, i)) * p.d + c);
+      a = *reinterpret_cast<const float4*>(ws_dq_row(p, sq, n, h, i) + c);
     // 4 elements, 8 bytes: rows are 16-byte aligned (the backend's tensor checks) and c a multiple of 4
     *reinterpret_cast<uint2*>(row_ptr<T>(p.dq, p.dq_st, n, sq.q_start + i, h) + c) =
         make_uint2(ElemTraits<T>::pack(a.x * p.softmax_scale, a.y * p.softmax_scale),

@@ -128,6 +128,12 @@ __device__ __forceinline__ int64_t ws_row(const Params& p, const SeqInfo& s, int
   return p.varlen ? s.q_start + i : static_cast<int64_t>(n) * p.s_q + i;
 }
 
+// Row i of sequence n, head h, of the fp32 dq accumulator ws_dq ([h_q][rows_total_q][d]): the one address every
+// path's adds (atomics, the Hopper writer), zeroing (preprocess) and conversion (dq_convert) use.
+__device__ __forceinline__ float* ws_dq_row(const Params& p, const SeqInfo& s, int n, int h, int i) {
+  return p.ws_dq + (h * p.rows_total_q + ws_row(p, s, n, i)) * p.d;
+}
+
 // ---- tile shapes ----
 // Forward: 4 warps; each warp owns kMT x 16 query rows (kMT = 2 up to head dim 128, as FlashAttention-2's
 // 128 x 64 tiles: every K / V fragment loaded from shared memory feeds two m-tiles); BLOCK_N keys per step.

@@ -142,6 +142,9 @@ struct DkvSm90Traits {
   // kBias summing a KV group's heads (Params::ws_dbias_heads = h_kv): each thread's dS^T fragment (kBlockM / 2
   // floats) summed over the group in shared memory, [kBlockM / 2][kConsumers] floats after the barriers.
   static constexpr int kSmemDbiasSum = kSmem + kConsumers * (kBlockM / 2) * 4;
+  // DkvSm90Smem places sDb and the writer's mbarriers (dq_full, dq_empty, q_empty) both right after the ticket: a
+  // writer variant with bias would need its own room for one of them.
+  static_assert(!(kDqWriter && kBias_), "sDb and the dq writer's mbarriers overlap");
 };
 
 // The shared memory of bwd_dkdv_sm90_kernel, in this order from a base aligned to 1024 bytes (the swizzled tiles;
@@ -372,15 +375,13 @@ struct DkvSm90Math {
     turn();
     wgmma_wait<1>();  // dV, dQ (dK still running)
     fence_acc(accq);
-    if constexpr (Tr::kDqWriter) {  // every tile to the writer (dq_writer)
+    if (Tr::kDqWriter || tma_dq(i0)) {  // staged: for the writer (dq_writer: every tile) or the reduce-adds
       dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
       fence_proxy_async();
-      mbar_arrive(&sm.dq_full[buf]);
-      (void)staged;
-    } else if (tma_dq(i0)) {  // stage the tile for the reduce-adds (columns >= d are clipped by the map)
-      dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
-      fence_proxy_async();
-      staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
+      if constexpr (Tr::kDqWriter)
+        mbar_arrive(&sm.dq_full[buf]);
+      else  // reduce-adds issued after the next barrier (columns >= d are clipped by the map)
+        staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
     } else {
       dq_atomic_add(p, sq, n, h, i0, m0 + wl * 16 + g, n0, t, accq);
     }

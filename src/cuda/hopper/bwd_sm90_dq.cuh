@@ -149,7 +149,7 @@ __device__ __forceinline__ void dq_atomic_add(const Params& p, const SeqInfo& sq
                                               int t, const float (&accq)[NQ][4]) {
   const int ia = i0 + r;
   const bool va = ia < sq.len_q, vb = ia + 8 < sq.len_q;
-  float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * t;
+  float* pa = ws_dq_row(p, sq, n, h, ia) + n0 + 2 * t;
   float* pb = pa + 8 * p.d;
 #pragma unroll
   for (int nt = 0; nt < NQ; ++nt) {
@@ -166,7 +166,7 @@ __device__ __forceinline__ void dq_atomic_add4(const Params& p, const SeqInfo& s
   const bool odd = (t & 1) != 0;
   const int ia = i0 + r + (odd ? 8 : 0);
   const bool va = ia < sq.len_q;
-  float* pa = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, n, ia)) * p.d + n0 + 2 * (t & 2);
+  float* pa = ws_dq_row(p, sq, n, h, ia) + n0 + 2 * (t & 2);
 #pragma unroll
   for (int nt = 0; nt < NQ; ++nt) {
     if (n0 + nt * 8 >= p.d) break;
@@ -251,7 +251,7 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
         const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
         if (r >= rows || c >= p.d) continue;
         const float4 v = *reinterpret_cast<const float4*>(img + sw128_f32_offset<BM>(r, c));
-        float* dst = p.ws_dq + (h * p.rows_total_q + ws_row(p, sq, kt.n, i0 + r)) * p.d + c;
+        float* dst = ws_dq_row(p, sq, kt.n, h, i0 + r) + c;
         atomicAdd(reinterpret_cast<float4*>(dst), v);
       }
     }
