@@ -60,7 +60,7 @@ TARGET_PAGED_X = 0.9  # paged prefill: the contiguous call's time / the paged ca
 # Why a target is missed, in one sentence, and the log that measured it. Shown only where the status is "missed".
 REASONS = {
     ("fwd", "gpt-oss-full"): (
-        "FlashAttention-4's forward is 1.16x faster in the same run and not yet profiled beside it; the last ncu "
+        "FlashAttention-4's forward is faster in the same run and not yet profiled beside it; the last ncu "
         "profile of this kernel showed 51% of issue slots busy with 0.92 eligible warps per scheduler.",
         "2026-12-06-named-parts-fa4-decode.md"),
     ("bwd", "gpt-oss-full"): (
@@ -105,13 +105,20 @@ REASONS = {
         "Not profiled at s 16384; at s 4096 the dK dV kernel is bound by its registers (254, no 128-row step).",
         "2026-12-05-pdl-dsinks.md"),
     ("det", "*"): (
-        "The run shown predates the dq writer (f146020): in an A/B on the H100 (2026-12-07, against 8e7c6ee's kernels) "
-        "the deterministic backward took 2.05 ms against 2.41 at GPT-OSS full (0.99x of the default, still slower "
-        "than FlashAttention-4's deterministic backward in R11) and 2.22-2.26 against 2.41 at MHA d128 (0.85x of the "
-        "default, whose head-dim-128 variant keeps thread 0 issuing the adds: the writer made it 11% slower). Before "
-        "it, step timelines showed warp 0 waiting for its own reduce-adds and its turn about 1,370 cycles a step while "
-        "the other warps waited at the next barrier.",
-        "2026-12-07-dq-writer.md"),
+        "With the dq writer (f146020) the deterministic backward is within 5% of the default on the full layers at "
+        "head dim 64 (C ABI, H100, 2026-12-07: GPT-OSS full 2.104 against 2.104 ms); FlashAttention-4's is faster "
+        "because its default backward is (1.34x at GPT-OSS full in the same run), determinism costing it 15% there. Runs older than that commit (the H200 rows) predate the writer.",
+        "2026-12-07-wheel-fa4-h100.md"),
+    ("det", "gpt-oss-sliding"): (
+        "At the 127-key window a query block's dq takes the adds of 2-3 key blocks, each waiting for its turn; not "
+        "profiled since the dq writer (f146020); the determinism check's medians on the H100 (2026-12-07): 0.541 "
+        "against 0.452 ms.",
+        "2026-12-07-wheel-fa4-h100.md"),
+    ("det", "mha-d128"): (
+        "The deterministic head-dim-128 variant has the dq writer (2.22-2.26 ms against 2.41 before it, H100) while "
+        "the default keeps thread 0 issuing the adds (the writer made it 11% slower); in the run shown the torch "
+        "API's deterministic backward measured 12% above the C ABI's (2.54 against 2.27 ms), not explained.",
+        "2026-12-07-wheel-fa4-h100.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
         "2026-12-05-dkdv-head-dim-256.md"),
