@@ -189,15 +189,18 @@ TEST(CudaDispatch, DqReduceAddAndNoTma) {
   const KernelChoice kd = choose_kernels(det, kH200, Switches{});
   EXPECT_EQ(kd.dq, DqPath::kFusedOrdered);
   EXPECT_TRUE(kd.dq_tma);
+  EXPECT_TRUE(kd.dq_first_store);  // the writer variant: turn 0 stores, no zeroing pass (dq_order.hpp)
+  EXPECT_FALSE(k.dq_first_store);  // any order: every block adds to a zeroed accumulator
   EXPECT_EQ(kd.summary(Pass::kBackward),
             "hopper dK dV (wgmma), tile 128 x 128, TMA, dq fused in a fixed order (per-(query head, query block) "
-            "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks), programmatic "
-            "dependent launch");
+            "semaphores, deterministic; TMA reduce-add of fp32 tiles, atomics for partial query blocks; a query "
+            "block's first key block stores its tile, no zeroing pass), programmatic dependent launch");
   const KernelChoice kda = choose_kernels(det, kH200, sw);
   EXPECT_FALSE(kda.dq_tma);
   EXPECT_EQ(kda.summary(Pass::kBackward),
             "hopper dK dV (wgmma), tile 128 x 128, cp.async, dq fused in a fixed order (per-(query head, query block) "
-            "semaphores, deterministic), programmatic dependent launch");
+            "semaphores, deterministic; a query block's first key block stores its tile, no zeroing pass), "
+            "programmatic dependent launch");
   Call few = c;  // fewer rows than one 64-row box
   few.s_q = 40;
   EXPECT_FALSE(choose_kernels(few, kH200, Switches{}).dq_tma);
@@ -210,6 +213,10 @@ TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
   EXPECT_EQ(k.dkdv, DkvKernel::kSm90);
   EXPECT_EQ(k.dq, DqPath::kFusedOrdered);
   EXPECT_TRUE(has(k.summary(Pass::kBackward), "fixed order"));
+  EXPECT_TRUE(k.dq_first_store);  // tile 128, 64 rows a step: the deterministic variant has the dq writer
+  Call wide = c;  // the tile-256 kernel has no writer: its accumulator is zeroed
+  wide.d = wide.d_v = 256;
+  EXPECT_FALSE(choose_kernels(wide, kH200, Switches{}).dq_first_store);
   EXPECT_EQ(k.fwd, FwdKernel::kSm90Ws);
   EXPECT_EQ(k.fwd_consumers, 2);
   EXPECT_EQ(k.fwd_block_m, 128);
@@ -223,8 +230,10 @@ TEST(CudaDispatch, DeterministicOnHopperAndItsSwitch) {
   EXPECT_EQ(s.dq_block_n, 64);
   EXPECT_EQ(s.fwd, FwdKernel::kSm90Ws);  // the switch is about the deterministic backward only
   EXPECT_TRUE(has(s.summary(Pass::kBackward), "SINKATTN_CUDA_DET_SM80"));
+  EXPECT_FALSE(s.dq_first_store);  // the preprocess zeroes the accumulator for every path but the writer's turns
   // Off Hopper, deterministic = 1 is the dq kernel.
   const KernelChoice a = choose_kernels(c, kA100, Switches{});
+  EXPECT_FALSE(a.dq_first_store);
   EXPECT_EQ(a.dq, DqPath::kDqKernel);
   EXPECT_EQ(a.dkdv, DkvKernel::kSm80);
   EXPECT_TRUE(has(a.summary(Pass::kBackward), "compute capability 8.0"));
@@ -559,6 +568,8 @@ TEST(CudaDispatch, BiasAndDropoutVariants) {
   // one per (query head, query block).
   EXPECT_TRUE(has(choose_kernels(cb, kH200, Switches{}).summary(Pass::kBackward),
                   "dq fused in a fixed order (per-query-block semaphores, deterministic"));
+  // Only the variants with the dq writer store turn 0's tile (tiles::dkdv_sm90_dq_writer): not the bias ones.
+  EXPECT_FALSE(choose_kernels(cb, kH200, Switches{}).dq_first_store);
   Call cp = cb;
   cp.plan.bias = Use::kAbsent;
   EXPECT_TRUE(has(choose_kernels(cp, kH200, Switches{}).summary(Pass::kBackward),

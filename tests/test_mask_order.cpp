@@ -358,6 +358,15 @@ void simulate(const SimCall& c, int resident, std::mt19937& r) {
         const std::vector<int>& got = adds[si];
         ASSERT_EQ(got, want) << "n " << n << " h " << h << " qb " << qb;
         ASSERT_EQ(sem[static_cast<size_t>(si)], want.size());
+        // KernelChoice::dq_first_store: the preprocess skips zeroing exactly the query blocks that have a turn 0
+        // (whose adder stores the whole tile before the others add); the rest keep their zeroed rows.
+        const BandMask<int> mk(c.br, c.wl, c.wr, s.len_q, s.len_kv);
+        const int i0 = qb * kBM;
+        const bool stored = i0 < s.len_q && cuda::dq_block_stored(mk, i0, std::min(i0 + kBM, s.len_q));
+        ASSERT_EQ(stored, !want.empty()) << "n " << n << " qb " << qb;
+        if (!want.empty()) {
+          ASSERT_EQ((cuda::dq_turn<kBM, kBN>(mk, want.front(), qb)), 0);
+        }
       }
   }
 }

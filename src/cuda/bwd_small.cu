@@ -5,7 +5,8 @@
 //               Dp_i = D_i - d_lse_i, and the fused d_sinks partial of the block:
 //               sum over valid rows i of P_sink_i * (d_lse_i - D_i), P_sink_i = exp(sigma_h - LSE_i)
 //               (common/sink.hpp: 1 for a key-less row under a -inf sink); and the rows of the fused dq's fp32
-//               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own).
+//               accumulator ws_dq are zeroed here (one pass over the rows instead of a memset of its own), but for
+//               the rows the dK dV kernel's first key block of their query block stores (dq_row_stored).
 //   d_sinks:    d_sinks[h] = fixed-order sum of the partials over (n, block) (no atomics: deterministic);
 //               written, never accumulated into. Done by the dq convert kernel when it runs (dq_convert_runs),
 //               else by a kernel of its own.
@@ -17,6 +18,7 @@
 
 #include "common/sink.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dq_order.hpp"
 #include "cuda/mask.cuh"
 #include "cuda/params.cuh"
 
@@ -63,6 +65,16 @@ __device__ __forceinline__ float dot8(const uint4 a, const uint4 b) {
   return s;
 }
 
+// Params::dq_store_block_m > 0 (KernelChoice::dq_first_store): row i of the sequence lies in a query block whose
+// first key block (turn 0) stores the block's dq tile before any add (dq_order.hpp, dq_block_stored), so the
+// preprocess leaves the row alone. Rows of a block that sees no key (dq = 0) and padding rows are zeroed as without it.
+__device__ __forceinline__ bool dq_row_stored(const Params& p, const SeqInfo& sq, int i) {
+  const int bm = p.dq_store_block_m;
+  if (bm == 0 || i >= sq.len_q) return false;
+  const int i0 = i / bm * bm;
+  return dq_block_stored(Mask(p, sq), i0, min(i0 + bm, sq.len_q));
+}
+
 template <typename T, int kPieces>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Params p) {
   __shared__ float warp_sums[kPreThreads / 32];
@@ -96,7 +108,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess_kernel(const Param
       for (int c = sub; c < p.d_v; c += 4) dsum += ElemTraits<T>::to_float(o[c]) * ElemTraits<T>::to_float(go[c]);
     }
   }
-  if (p.ws_dq != nullptr && i < sq.rows_q) {  // zero this row of the dq accumulator (d: a multiple of 8)
+  if (p.ws_dq != nullptr && i < sq.rows_q && !dq_row_stored(p, sq, i)) {  // zero this row of the dq accumulator
     float* acc = ws_dq_row(p, sq, n, h, i);
     for (int c = sub * 4; c < p.d; c += 16) *reinterpret_cast<float4*>(acc + c) = make_float4(0.f, 0.f, 0.f, 0.f);
   }

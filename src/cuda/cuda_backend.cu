@@ -335,7 +335,8 @@ Status run_typed(const Call& c, const cuda::KernelChoice& kc, const Workspace& w
   if (k.d_sinks != nullptr && !cuda::dq_convert_runs(k))
     SINKATTN_CUDA_CHECK("d_sinks kernel", cuda::launch_bwd_small<T>(k, cuda::kSmallDSinks, st));
   // The dq accumulator (ws_dq) is zeroed by the preprocess kernel (every row a sequence owns: the only rows the main
-  // kernels add to and the dq convert reads).
+  // kernels add to and the dq convert reads), but for the rows the deterministic dq writer's first turn stores
+  // (KernelChoice::dq_first_store).
   SINKATTN_CUDA_CHECK("backward main kernels", run_main<T>(kc, k, true, st));
   // The convert also writes d_sinks; with kc.pdl it starts during the dK dV kernel's last wave.
   if (cuda::dq_convert_runs(k))
@@ -437,6 +438,7 @@ class CudaBackend final : public Backend {
       return invalid("workspace: NULL but the CUDA backward needs " + std::to_string(w.total) + " bytes");
     Params k = make_params(c, w);
     k.fwd_section = kc.fwd_section;
+    k.dq_store_block_m = kc.dq_first_store ? kc.dkdv_block_m : 0;
     cudaStream_t st = static_cast<cudaStream_t>(c.p->stream);
     cudaGetLastError();  // clear any stale error of the caller
     if (c.pass == Pass::kForward && kc.fwd == cuda::FwdKernel::kDecode) {

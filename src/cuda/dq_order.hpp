@@ -14,6 +14,9 @@
 //     meanwhile), and once all its adds are complete the counter is incremented with release semantics. So every
 //     element of ws_dq receives the same sequence of fp32 additions, in the same order, on every run: the sum is
 //     bitwise reproducible (each contribution is itself a fixed sequence of wgmma products of the same inputs).
+//     The variants with a dq writer (tiles::dkdv_sm90_dq_writer) store turn 0's tile instead of adding it, so that
+//     the preprocess need not zero those rows first (KernelChoice::dq_first_store): the same sums, one pass fewer
+//     over the accumulator.
 //   * No deadlock. A block takes a ticket (an atomic counter in the workspace) when it starts and works on the tile
 //     of that ticket (scheduler.hpp, tile_of_linear: the launch order, key blocks ascending). Every block it waits
 //     for has a smaller kb of the same (n, hk), hence a smaller ticket, hence is running or done: it took its
@@ -108,6 +111,16 @@ SINKATTN_HD I dq_turn(const BandMask<I>& mk, I kb, I qb) {
   const I i0 = qb * BM;
   key_blocks_of_query_block<BN>(mk, i0, hd_min(i0 + BM, mk.len_q), kb_lo, kb_hi);
   return kb - kb_lo;
+}
+
+// KernelChoice::dq_first_store: the query block of rows [i0, i1) (clipped to len_q) has a turn 0, whose key block
+// stores its dq tile (every row of the block) before any other adds: some row of it sees a key, hence some key block
+// sees the block (key_blocks_of_query_block: the same relation from the key side). Its rows need no zeroing pass.
+template <typename I>
+SINKATTN_HD bool dq_block_stored(const BandMask<I>& mk, I i0, I i1) {
+  I k_lo, k_hi;
+  mk.key_range(i0, i1, k_lo, k_hi);
+  return k_hi > k_lo;
 }
 
 }  // namespace sinkattn::cuda

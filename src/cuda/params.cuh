@@ -105,6 +105,10 @@ struct Params {
   // 1: the decode kernel's num_splits blocks of a (block of rows, KV head, sequence) are one thread-block cluster
   // that combines the splits in its shared memory (no ws_o_part / ws_lse_part, no combine kernel; last, as above)
   int decode_cluster;
+  // KernelChoice::dq_first_store: the dK dV kernel's block height (dkdv_block_m); the preprocess then zeroes only the
+  // ws_dq rows of query blocks that no key block sees (every other row is stored by its first key block before any
+  // add). 0: the preprocess zeroes every row. (last, as above)
+  int dq_store_block_m;
 };
 
 // One sequence's place in the tensors (SPEC 1, DESIGN.md "Actual lengths"; common/seq.hpp).

@@ -96,13 +96,19 @@ __device__ __forceinline__ void release_last_dq_turn(const DkvBlock<BM, BN>& blk
 // does the adds) after a barrier that follows every thread's stores; a partial block adds with per-thread atomics.
 
 // Thread 0: the reduce-adds of a staged tile's HD / 32 boxes (box(bx): the image of columns 32 bx .. 32 bx + 31;
-// columns >= d are not added), as one bulk group.
-template <int HD, typename Box>
+// columns >= d are not added), as one bulk group; kStore: the boxes stored instead (a query block's first tile when
+// KernelChoice::dq_first_store: the accumulator was not zeroed).
+template <int HD, bool kStore = false, typename Box>
 __device__ __forceinline__ void dq_reduce_add(const CUtensorMap* map, const Box& box, const int& d, const int& row,
                                               const int& h) {
 #pragma unroll
   for (int bx = 0; bx < HD / 32; ++bx)
-    if (bx * 32 < d) tma_reduce_add_3d(map, box(bx), bx * 32, row, h);
+    if (bx * 32 < d) {
+      if constexpr (kStore)
+        tma_store_3d(map, box(bx), bx * 32, row, h);
+      else
+        tma_reduce_add_3d(map, box(bx), bx * 32, row, h);
+    }
   bulk_commit();
 }
 
@@ -212,7 +218,10 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
 // query block (tma_dq) by thread lane 0's TMA reduce-adds, waiting until they have read the buffer, else by the
 // warp's float4 atomics of the rows inside the sequence read back from the swizzled image; arrives on
 // dq_empty[buf] (the math warps' staging of step it + 2 waits for it); kDet: once the adds have completed, releases
-// the turn. The tile layout is dq_stage's (sw128_f32_offset<BM>: the boxes of the ws_dq map one after another).
+// the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
+// stores), so the preprocess does not zero those rows (KernelChoice::dq_first_store, bwd_small.cu: dq_row_stored):
+// every later turn adds to them after this one's release. The tile layout is dq_stage's (sw128_f32_offset<BM>: the
+// boxes of the ws_dq map one after another).
 // It runs on the 24 registers a thread the producer warpgroup keeps (setmaxnreg). Its turns are per step (the writer
 // is for the variants without a bias: dq_turn_per_step).
 template <typename Order, typename Turns, bool kDet, int BM, int BN, int HD, typename TmaDq>
@@ -222,7 +231,7 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
   const KeyTile<BN>& kt = blk.kt;
   const SeqInfo& sq = kt.sq;
   const int iters = blk.nq * p.group;
-  pdl_wait();  // ws_dq is zeroed by the preprocess
+  pdl_wait();  // ws_dq is zeroed by the preprocess (kDet: the rows no turn 0 stores)
   int ih, iq;
   Order::first(blk.nq, p.group, ih, iq);
   for (int it = 0; it < iters; ++it) {
@@ -230,18 +239,24 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
     const float* tile = sdQ + buf * BM * HD;
     mbar_wait(&dq_full[buf], ring_parity(it));
     unsigned* sem = nullptr;
+    bool first = false;  // kDet: the query block's first turn, which stores its tile (KernelChoice::dq_first_store)
     if constexpr (kDet) {
+      const int turn = dq_turn<BM, BN>(blk.mk, block, blk.qb_lo + iq);
+      first = turn == 0;
       if (lane == 0) {
         sem = dq_turn_sem<Turns>(blk, p, ih, iq);
-        if (sem != nullptr) wait_turn(sem, static_cast<unsigned>(dq_turn<BM, BN>(blk.mk, block, blk.qb_lo + iq)),
-                                      load_turn(sem));
+        if (sem != nullptr) wait_turn(sem, static_cast<unsigned>(turn), load_turn(sem));
       }
       __syncwarp();
     }
     if (tma_dq(i0)) {
       if (lane == 0) {
-        dq_reduce_add<HD>(map, [&](int bx) { return tile + bx * BM * 32; }, p.d,
-                          static_cast<int>(ws_row(p, sq, kt.n, i0)), h);
+        const auto box = [&](int bx) { return tile + bx * BM * 32; };
+        const int row = static_cast<int>(ws_row(p, sq, kt.n, i0));
+        if (first)
+          dq_reduce_add<HD, true>(map, box, p.d, row, h);
+        else
+          dq_reduce_add<HD>(map, box, p.d, row, h);
         bulk_wait_read<0>();
       }
     } else {
@@ -251,8 +266,11 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
         const int r = e / (HD / 4), c = (e % (HD / 4)) * 4;
         if (r >= rows || c >= p.d) continue;
         const float4 v = *reinterpret_cast<const float4*>(img + sw128_f32_offset<BM>(r, c));
-        float* dst = ws_dq_row(p, sq, kt.n, h, i0 + r) + c;
-        atomicAdd(reinterpret_cast<float4*>(dst), v);
+        float4* dst = reinterpret_cast<float4*>(ws_dq_row(p, sq, kt.n, h, i0 + r) + c);
+        if (first)
+          *dst = v;
+        else
+          atomicAdd(dst, v);
       }
     }
     __syncwarp();

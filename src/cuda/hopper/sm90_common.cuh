@@ -223,6 +223,15 @@ __device__ __forceinline__ void tma_reduce_add_3d(const void* tmap, const void* 
                : "memory");
 #endif
 }
+// The same box stored (overwriting) instead of added.
+__device__ __forceinline__ void tma_store_3d(const void* tmap, const void* src, int c0, int c1, int c2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void bulk_commit() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
