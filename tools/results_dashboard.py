@@ -105,20 +105,23 @@ REASONS = {
         "Not profiled at s 16384; at s 4096 the dK dV kernel is bound by its registers (254, no 128-row step).",
         "2026-12-05-pdl-dsinks.md"),
     ("det", "*"): (
-        "With the dq writer (f146020) the deterministic backward is within 5% of the default on the full layers at "
-        "head dim 64 (C ABI, H100, 2026-12-07: GPT-OSS full 2.104 against 2.104 ms); FlashAttention-4's is faster "
-        "because its default backward is (1.34x at GPT-OSS full in the same run), determinism costing it 15% there. Runs older than that commit (the H200 rows) predate the writer.",
-        "2026-12-07-wheel-fa4-h100.md"),
+        "With the dq writer (f146020) and turn 0's stores (0f9af51: no zeroing pass) the deterministic backward is "
+        "1.02x the default at GPT-OSS full in an A/B on the H100 (2026-12-07, C ABI: 2.00 against 2.04-2.06 ms); "
+        "FlashAttention-4's is faster because its default backward is (1.34x at GPT-OSS full in R25), determinism "
+        "costing it 15% there. Rows of runs before those commits predate them.",
+        "2026-12-07-dq-first-store.md"),
     ("det", "gpt-oss-sliding"): (
-        "At the 127-key window a query block's dq takes the adds of 2-3 key blocks, each waiting for its turn; not "
-        "profiled since the dq writer (f146020); the determinism check's medians on the H100 (2026-12-07): 0.541 "
-        "against 0.452 ms.",
-        "2026-12-07-wheel-fa4-h100.md"),
+        "The run shown predates turn 0's stores (0f9af51): in an A/B on the H100 (2026-12-07, C ABI) the deterministic "
+        "backward took 0.447-0.449 ms against the default's 0.455 (1.02x; it was 0.84x), the preprocess 54 us "
+        "instead of 98 and the dK dV kernel 312 instead of 359; FlashAttention-4's deterministic backward took 0.761 "
+        "ms in R25.",
+        "2026-12-07-dq-first-store.md"),
     ("det", "mha-d128"): (
-        "The deterministic head-dim-128 variant has the dq writer (2.22-2.26 ms against 2.41 before it, H100) while "
-        "the default keeps thread 0 issuing the adds (the writer made it 11% slower); in the run shown the torch "
+        "The default head-dim-128 variant keeps thread 0 issuing the adds (the dq writer made it 11% slower: its "
+        "math spills at 240 registers) while the deterministic one has the writer and turn 0's stores: 0.90-0.91x of "
+        "the default in an A/B on the H100 (2026-12-07, C ABI: 2.11-2.13 against 1.91-1.92 ms); in R25 the torch "
         "API's deterministic backward measured 12% above the C ABI's (2.54 against 2.27 ms), not explained.",
-        "2026-12-07-wheel-fa4-h100.md"),
+        "2026-12-07-dq-first-store.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
         "2026-12-05-dkdv-head-dim-256.md"),
