@@ -106,21 +106,15 @@ REASONS = {
         "2026-12-05-pdl-dsinks.md"),
     ("det", "*"): (
         "With the dq writer (f146020) and turn 0's stores (0f9af51: no zeroing pass) the deterministic backward is "
-        "1.02x the default at GPT-OSS full in an A/B on the H100 (2026-12-07, C ABI: 2.00 against 2.04-2.06 ms); "
-        "FlashAttention-4's is faster because its default backward is (1.34x at GPT-OSS full in R25), determinism "
-        "costing it 15% there. Rows of runs before those commits predate them.",
-        "2026-12-07-dq-first-store.md"),
-    ("det", "gpt-oss-sliding"): (
-        "The run shown predates turn 0's stores (0f9af51): in an A/B on the H100 (2026-12-07, C ABI) the deterministic "
-        "backward took 0.447-0.449 ms against the default's 0.455 (1.02x; it was 0.84x), the preprocess 54 us "
-        "instead of 98 and the dK dV kernel 312 instead of 359; FlashAttention-4's deterministic backward took 0.761 "
-        "ms in R25.",
+        "as fast as the default at head dim 64 (H100, 2026-12-07); FlashAttention-4's is faster because its default "
+        "backward is (1.33x at GPT-OSS full in the same run), determinism costing it 15%. Rows of runs before those "
+        "commits predate them.",
         "2026-12-07-dq-first-store.md"),
     ("det", "mha-d128"): (
         "The default head-dim-128 variant keeps thread 0 issuing the adds (the dq writer made it 11% slower: its "
-        "math spills at 240 registers) while the deterministic one has the writer and turn 0's stores: 0.90-0.91x of "
-        "the default in an A/B on the H100 (2026-12-07, C ABI: 2.11-2.13 against 1.91-1.92 ms); in R25 the torch "
-        "API's deterministic backward measured 12% above the C ABI's (2.54 against 2.27 ms), not explained.",
+        "math spills at 240 registers) while the deterministic one has the writer and turn 0's stores: 0.90x of the "
+        "default on the H100 (2026-12-07); FlashAttention-4's deterministic backward is faster because its default "
+        "backward is (1.51x in the same run).",
         "2026-12-07-dq-first-store.md"),
     ("det", "hd256"): (
         "Per-step turns over 64-key blocks: twice the blocks in each query block's order.",
