@@ -89,10 +89,13 @@ def res_of(path, tool):
 
 
 def collect(d, tool, flt):
+    """The SASS of the functions whose mangled or demangled name matches the regex flt (all when empty)."""
     funcs, res = {}, {}
     for o in objects(d):
-        for k, v in sass_of(o, tool).items():
-            if flt and not re.search(flt, k[1]):
+        sass = sass_of(o, tool)
+        dm = demangle(sorted({k[1] for k in sass})) if flt else {}
+        for k, v in sass.items():
+            if flt and not (re.search(flt, k[1]) or re.search(flt, dm.get(k[1], ""))):
                 continue
             funcs[k] = v
         res.update(res_of(o, tool))
@@ -111,7 +114,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="*")
     ap.add_argument("--dump", metavar="DIR")
-    ap.add_argument("--filter", default="")
+    ap.add_argument("--filter", default="", metavar="REGEX",
+                    help="only the functions whose mangled or demangled name matches, e.g. "
+                         "'bwd_dkdv_sm90_kernel<__nv_bfloat16, 64, true'")
     ap.add_argument("--show", type=int, default=0)
     ap.add_argument("--rename", action="append", default=[], metavar="REGEX=REPL",
                     help="rewrite old (demangled) function names before matching, e.g. a template parameter added "
