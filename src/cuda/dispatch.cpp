@@ -271,8 +271,8 @@ KernelChoice choose_kernels(const Call& c, const DeviceProps& dev, const Switche
     // The dq accumulator's rows are d fp32 (16-byte multiples for the tensor map); its boxes are block_m rows.
     k.dq_tma = !sw.no_tma && c.d >= 32 && c.d % 4 == 0 && rows_q >= k.dkdv_block_m;
     k.pdl = !sw.no_pdl && c.b > 0 && c.h_q > 0 && c.s_q > 0;  // (KernelChoice::pdl says why)
-    k.dq_first_store = k.dq == DqPath::kFusedOrdered && !tiles::dkdv_sm90_wide(k.tile) &&
-                       tiles::dkdv_sm90_dq_writer(k.bias, k.dropout, true, k.dkdv_block_m);
+    k.dq_first_store = k.dq == DqPath::kFusedOrdered &&
+                       tiles::dkdv_sm90_dq_writer(k.tile, k.bias, k.dropout, true, k.dkdv_block_m);
   } else {
     k.bwd_why = no90_bwd.empty() ? "SINKATTN_CUDA_DET_SM80 is set" : no90_bwd;
     k.dkdv = extra ? DkvKernel::kSm80Extra : DkvKernel::kSm80;

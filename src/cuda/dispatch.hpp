@@ -110,7 +110,7 @@ struct KernelChoice {
   // every dK dV block waits, also one past its sequence's keys (varlen) that has nothing to do.
   // SINKATTN_CUDA_NO_PDL=1 turns it off.
   bool pdl = false;
-  // kFusedOrdered on the narrow Hopper dK dV kernel's variants with a dq writer (tiles::dkdv_sm90_dq_writer): the
+  // kFusedOrdered on the Hopper dK dV kernel's variants with a dq writer (tiles::dkdv_sm90_dq_writer): the
   // first key block in a query block's order (its turn 0) stores its dq tile instead of adding it, so the preprocess
   // zeroes only the accumulator rows of query blocks that no key block sees (Params::dq_store_block_m).
   bool dq_first_store = false;

@@ -106,7 +106,7 @@ struct DkvSm90Traits {
   // faster at GPT-OSS full (2.05 against 2.41 ms, as fast as the default), 7% at MHA head dim 128; the default 2%
   // faster at GPT-OSS full, 1% slower at the sliding layer, and 11% slower at MHA head dim 128 (2.13 against 1.92 ms;
   // at 240 registers its math spills), which therefore keeps thread 0 issuing the reduce-adds and the loads.
-  static constexpr bool kDqWriter = tiles::dkdv_sm90_dq_writer(kBias_, kDropout_, kDet_, BM_);
+  static constexpr bool kDqWriter = tiles::dkdv_sm90_dq_writer(HD, kBias_, kDropout_, kDet_, BM_);
   static constexpr bool kProducerWG = kKeepProducer || kDqWriter;
   static constexpr int kThreads = kConsumers + (kProducerWG ? 128 : 0);
   static constexpr int kKeepRegs = kDqWriter ? 24 : 56, kConsumerRegs = kDqWriter ? 240 : 224;
