@@ -522,20 +522,26 @@ TEST(FastDivmod, EqualsTheDivision) {
 
 // The Hopper dK dV kernel's handovers with its producer warpgroup (cuda/hopper/handover.hpp), run as three agents
 // under random interleavings: the math warpgroups (one agent: their per-thread arrivals complete a phase together),
-// the Q / dO loader (TMA steps only; the math loads the others by cp.async a step ahead) and the dq writer. Each
-// mbarrier is modelled by its phase count, and every wait by try_wait.parity's rule (the phase with that parity has
-// completed: the count's parity differs); the test checks that this equals the wait meant (the count is past the
-// awaited completion), which holds only while no barrier runs two completions ahead of a waiter, that no buffer is
-// written while a step still reads it, that every step reads what it should, and that the protocol cannot deadlock.
+// the step loader (TMA steps land later; the others it loads by cp.async before it arrives, or, at two barriers a
+// step, the math loads them a step ahead) and the dq writer. Each mbarrier is modelled by its phase count, and every wait by try_wait.parity's rule (the phase with
+// that parity has completed: the count's parity differs); the test checks that this equals the wait meant (the count
+// is past the awaited completion), which holds only while no barrier runs two completions ahead of a waiter, that no
+// buffer is written while a step still reads it, that every step reads what it should, and that the protocol cannot
+// deadlock.
 namespace {
+using sinkattn::cuda::sm90::ring_parity_of;
+using sinkattn::cuda::sm90::ring_slot;
 struct SimBar {
   int completed = 0;
   bool parity_done(uint32_t parity) const { return static_cast<uint32_t>(completed & 1) != parity; }
 };
+// kQ: the dq tile's buffers (DkvSm90Traits::kDqBufs); kAll: the loader loads every step (kOneBarrier), else the math
+// loads the cp.async steps itself, a step ahead, and the loader only arrives for them.
+template <int kQ, bool kAll>
 struct Handover {
   int iters;
-  std::vector<bool> tma;  // step it's Q / dO by the loader's TMA (else by the math's cp.async)
-  SimBar bars[2], q_empty[2], dq_full[2], dq_empty[2];
+  std::vector<bool> tma;  // step it's Q / dO by the loader's TMA (else by its cp.async)
+  SimBar bars[2], q_empty[2], dq_full[2], dq_empty[2];  // Q / dO (and LSE2 / D): two buffers; the dq tile: kQ
   int qbuf[2] = {-1, -1}, qbuf_landed[2] = {-1, -1}, sdq[2] = {-1, -1};
   // the math: step, stage within it (0 loads landed, 1 sdQ free, 2 staged, 3 end)
   int m_it = 0, m_stage = 0;
@@ -554,7 +560,7 @@ struct Handover {
     check(meant == got, at);
     return got;
   }
-  void load_cp_async(int s) {  // the math loads step s by cp.async (a step ahead, after the step's first barrier)
+  void load_cp_async(int s) {  // not kAll: the math loads step s by cp.async (after step s - 1's first barrier)
     const int b = s & 1;
     check(s < 2 || math_done[s - 2]);
     qbuf[b] = s;
@@ -567,17 +573,17 @@ struct Handover {
       case 0:
         if (!wait(bars[b], it >> 1, sinkattn::cuda::sm90::ring_parity(it))) return false;
         check(qbuf[b] == it && qbuf_landed[b] == it);
-        if (it + 1 < iters && !tma[it + 1]) load_cp_async(it + 1);
+        if (!kAll && it + 1 < iters && !tma[it + 1]) load_cp_async(it + 1);
         m_stage = 1;
         return true;
       case 1:
-        if (it >= 2 && !wait(dq_empty[b], (it - 2) >> 1, sinkattn::cuda::sm90::ring_parity(it - 2))) return false;
+        if (it >= kQ && !wait(dq_empty[ring_slot<kQ>(it)], (it - kQ) / kQ, ring_parity_of<kQ>(it - kQ))) return false;
         m_stage = 2;
         return true;
       case 2:
-        check(it < 2 || writer_done[it - 2]);
-        sdq[b] = it;
-        ++dq_full[b].completed;
+        check(it < kQ || writer_done[it - kQ]);
+        sdq[ring_slot<kQ>(it)] = it;
+        ++dq_full[ring_slot<kQ>(it)].completed;
         m_stage = 3;
         return true;
       default:
@@ -588,7 +594,7 @@ struct Handover {
         return true;
     }
   }
-  bool loader_step() {  // every step: the wait, then a TMA step's loads, or a plain arrival for the math's cp.async
+  bool loader_step() {  // every step: the wait, then the loads (TMA: land later; cp.async: landed at the arrival)
     if (l_it >= iters || l_in_flight >= 0) return false;
     const int it = l_it, b = it & 1;
     if (it >= 2 && !wait(q_empty[b], (it - 2) >> 1, sinkattn::cuda::sm90::ring_parity(it - 2))) return false;
@@ -597,6 +603,7 @@ struct Handover {
       qbuf[b] = it;
       l_in_flight = it;
     } else {
+      if (kAll) qbuf[b] = qbuf_landed[b] = it;  // its own cp.async, landed before its arrival
       ++bars[b].completed;
     }
     ++l_it;
@@ -612,27 +619,28 @@ struct Handover {
   }
   bool writer_step() {
     if (w_it >= iters) return false;
-    const int it = w_it, b = it & 1;
-    if (!wait(dq_full[b], it >> 1, sinkattn::cuda::sm90::ring_parity(it))) return false;
-    check(sdq[b] == it);
+    const int it = w_it, q = ring_slot<kQ>(it);
+    if (!wait(dq_full[q], it / kQ, ring_parity_of<kQ>(it))) return false;
+    check(sdq[q] == it);
     writer_done[it] = true;
-    ++dq_empty[b].completed;
+    ++dq_empty[q].completed;
     ++w_it;
     return true;
   }
 };
 }  // namespace
 
-TEST(DkvHandover, RingParityNamesTheAwaitedCompletion) {
-  std::mt19937 rng(20261207);
+template <int kQ, bool kAll>
+void run_handover(uint32_t seed) {
+  std::mt19937 rng(seed);
   for (int trial = 0; trial < 3000; ++trial) {
-    Handover h;
+    Handover<kQ, kAll> h;
     h.iters = 1 + static_cast<int>(rng() % 40);
     const int partial_every = 1 + static_cast<int>(rng() % 6);  // some steps by cp.async, as partial blocks are
     for (int it = 0; it < h.iters; ++it) h.tma.push_back(rng() % 8 != 0 || it % partial_every != 0);
     h.math_done.assign(h.iters, false);
     h.writer_done.assign(h.iters, false);
-    if (!h.tma[0]) h.load_cp_async(0);  // the prologue's loads of step 0
+    if (!kAll && !h.tma[0]) h.load_cp_async(0);  // the prologue's loads of step 0
     while (h.m_it < h.iters || h.w_it < h.iters) {
       bool moved = false;
       for (int tries = 0; tries < 8 && !moved; ++tries) {
@@ -655,4 +663,9 @@ TEST(DkvHandover, RingParityNamesTheAwaitedCompletion) {
     }
     ASSERT_EQ(h.errors, 0) << "trial " << trial << ", " << h.iters << " steps";
   }
+}
+
+TEST(DkvHandover, RingParityNamesTheAwaitedCompletion) {
+  run_handover<1, true>(20261207);   // one barrier a step: one sdQ buffer, the loader loads every step
+  run_handover<2, false>(20261208);  // two barriers a step (head dim 128): two sdQ buffers, the math's cp.async
 }

@@ -64,9 +64,9 @@ constexpr int dkdv_sm90_block_m(int hd, bool plain) { return hd == 64 && plain ?
 // The Hopper dK dV kernel's dropout variant draws the keep bits in a producer warpgroup at head dim 64; at 128 the
 // math warpgroups draw them (their 254 registers leave none for a third warpgroup: bwd_dkdv_sm90.cuh).
 constexpr bool dkdv_sm90_keep_producer(int hd) { return hd == 64; }
-// The Hopper dK dV variants with a dq writer warp (hopper/bwd_dkdv_sm90.cuh, DkvSm90Traits::kDqWriter, where the
-// measurements are): the narrow kernel (not the wide one of tile 256) without bias or dropout, deterministic or at 128
-// query rows per step.
+// The Hopper dK dV variants with a producer warpgroup of a dq writer and a step loader (hopper/bwd_dkdv_sm90.cuh,
+// DkvSm90Traits::kDqWriter and kOneBarrier, where the measurements are): the narrow kernel (not the wide one of tile
+// 256) without bias or dropout, deterministic or at 128 query rows per step.
 constexpr bool dkdv_sm90_dq_writer(int hd, bool bias, bool dropout, bool det, int block_m) {
   return !dkdv_sm90_wide(hd) && !dropout && !bias && (det || block_m == 128);
 }

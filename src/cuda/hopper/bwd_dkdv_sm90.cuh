@@ -39,6 +39,10 @@
 // bench/log/2026-11-29-dkdv-commit-groups.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
+// The variants without bias or dropout (DkvSm90Traits::kDqWriter) run that step with one block barrier, the one
+// after dS^T (dkdv_steps_one_barrier): a producer warpgroup's warps load the steps (qdo_loader: Q, dO and the rows'
+// LSE2 / D, on mbarriers) and add the dq tiles (dq_writer), and dS^T has two stages; the rest of this header
+// describes the others (bias, dropout), whose step also begins with a barrier.
 // The steps' order (StepOrder): query-block-major with a bias also without kDet, so that the heads of a group read
 // one bias tile in consecutive steps (head-major, the non-deterministic bias backward took 12.2 ms against 7.0 ms
 // deterministic at GPT-OSS full; ncu, bench/log/2026-12-01-bias-hopper.md, H200, 299693c).
@@ -101,12 +105,23 @@ struct DkvSm90Traits {
   // (Dropout::keep_bits).
   static constexpr bool kKeepProducer = kDropout_ && tiles::dkdv_sm90_keep_producer(HD);
   // Without bias or dropout, deterministic or at 128 query rows per step (head dim 64): a producer warpgroup whose
-  // first warp is the dq writer (bwd_sm90_dq.cuh, dq_writer) and lane 0 of whose second issues the Q / dO loads, 24
+  // first warp is the dq writer (bwd_sm90_dq.cuh, dq_writer) and whose second loads the steps (qdo_loader), 24
   // registers, the math warpgroups 240 (bench/log/2026-12-07-dq-writer.md, H100): the deterministic backward 15%
   // faster at GPT-OSS full (2.05 against 2.41 ms, as fast as the default), 7% at MHA head dim 128; the default 2%
   // faster at GPT-OSS full, 1% slower at the sliding layer, and 11% slower at MHA head dim 128 (2.13 against 1.92 ms;
   // at 240 registers its math spills), which therefore keeps thread 0 issuing the reduce-adds and the loads.
   static constexpr bool kDqWriter = tiles::dkdv_sm90_dq_writer(HD, kBias_, kDropout_, kDet_, BM_);
+  // The writer variants at 128 query rows a step (head dim 64) run one block barrier a step, the one after dS^T
+  // (dkdv_steps_one_barrier): dS^T in two stages (sdS[it & 1]: the other warpgroup's dQ product of step it - 1 may
+  // still read the other one), and the whole of the producer's warp 9 brings each step's Q / dO (TMA, or cp.async
+  // for a partial query block) and its rows' LSE2 / D (qdo_loader), so the math threads load nothing after K and V;
+  // one sdQ buffer (a one-buffer ring of dq_full / dq_empty) keeps the shared memory within the limit. Measured
+  // (bench/log/2026-12-07-one-barrier-step.md, H100): GPT-OSS full backward 2.04 -> 1.81-1.83 ms, deterministic
+  // 2.00 -> 1.85-1.86, sliding 0.455 -> 0.424; at head dim 128 the same design was slower (deterministic 2.11-2.14
+  // -> 2.19 ms, also with two sdQ buffers; default with it 2.13-2.22 against 1.92 with thread 0's adds), so the
+  // head-dim-128 deterministic variant keeps the writer with two barriers a step (its loader: lane 0, the TMA loads).
+  static constexpr bool kOneBarrier = kDqWriter && BM_ == 128;
+  static constexpr int kDsBufs = kOneBarrier ? 2 : 1, kDqBufs = kOneBarrier ? 1 : 2;
   static constexpr bool kProducerWG = kKeepProducer || kDqWriter;
   static constexpr int kThreads = kConsumers + (kProducerWG ? 128 : 0);
   static constexpr int kKeepRegs = kDqWriter ? 24 : 56, kConsumerRegs = kDqWriter ? 240 : 224;
@@ -133,7 +148,7 @@ struct DkvSm90Traits {
   static constexpr int kBiasTile = kBlockM * kBlockN;
   static constexpr int kBiasBufs = !kBias_ ? 0 : HD == 64 ? 2 : 1;
   static constexpr int kBiasOff =
-      (2 * kBlockN * HD + 4 * kBlockM * HD + kBlockN * kBlockM) * 2 + 2 * kBlockM * HD * 4;
+      (2 * kBlockN * HD + 4 * kBlockM * HD + kDsBufs * kBlockN * kBlockM) * 2 + kDqBufs * kBlockM * HD * 4;
   static constexpr int kKeepOff = kBiasOff + kBiasBufs * kBiasTile * 2 + 4 * kBlockM * 4;
   static constexpr int kBarsOff = kKeepOff + (kKeepProducer ? 2 * kBlockN * 8 + 32 : 0);
   static constexpr int kSlack = kBias_ && HD == 128 ? 0 : 1024;
@@ -149,10 +164,10 @@ struct DkvSm90Traits {
 
 // The shared memory of bwd_dkdv_sm90_kernel, in this order from a base aligned to 1024 bytes (the swizzled tiles;
 // DkvSm90Traits has the sizes):
-//   sK, sV [BN][HD]; sQ, sdO [2][BM][HD] (the step's buffers); sdS [BN][BM] (dS^T: rows = keys, cols = queries), all
-//     16-bit in the 128-byte-swizzled row panels, each 1024-byte aligned (BN * HD * 2 bytes per tile);
-//   sdQ [2][BM][HD] fp32: the dq tiles of two steps for the TMA reduce-adds, in the swizzled image of the ws_dq map's
-//     boxes (1024-byte aligned);
+//   sK, sV [BN][HD]; sQ, sdO [2][BM][HD] (the step's buffers); sdS [kDsBufs][BN][BM] (dS^T: rows = keys, cols =
+//     queries), all 16-bit in the 128-byte-swizzled row panels, each 1024-byte aligned (BN * HD * 2 bytes per tile);
+//   sdQ [kDqBufs][BM][HD] fp32: the dq tiles of one or two steps for the TMA reduce-adds, in the swizzled image of
+//     the ws_dq map's boxes (1024-byte aligned);
 //   kBias: sB [kBiasBufs][BM * BN], the staged bias tiles (rows = queries, swizzled row panels, 1024-byte aligned);
 //   sL, sD [2][BM] fp32: LSE2 and D - d_lse of the step's rows;
 //   kKeepProducer: sKeep [2][BN] uint64 (bit c of row r: query i0 + c keeps key j0 + r) and its 4 mbarriers
@@ -180,8 +195,8 @@ struct DkvSm90Smem {
     sQ = sV + BN * HD;
     sdO = sQ + 2 * BM * HD;
     sdS = sdO + 2 * BM * HD;
-    sdQ = reinterpret_cast<float*>(sdS + BN * BM);
-    sB = reinterpret_cast<T*>(sdQ + 2 * BM * HD);
+    sdQ = reinterpret_cast<float*>(sdS + Tr::kDsBufs * BN * BM);
+    sB = reinterpret_cast<T*>(sdQ + Tr::kDqBufs * BM * HD);
     sL = reinterpret_cast<float*>(sB + Tr::kBiasBufs * Tr::kBiasTile);
     sD = sL + 2 * BM;
     sKeep = reinterpret_cast<uint64_t*>(sD + 2 * BM);
@@ -196,8 +211,8 @@ struct DkvSm90Smem {
   }
   // Thread 0, before the block's first barrier.
   __device__ __forceinline__ void init_barriers() const {
-    mbar_init(&bars[0], 1);
-    mbar_init(&bars[1], 1);
+    mbar_init(&bars[0], Tr::kOneBarrier ? 32 : 1);  // (kOneBarrier: every lane of the loader warp arrives)
+    mbar_init(&bars[1], Tr::kOneBarrier ? 32 : 1);
     mbar_init(bias_bar, 1);
     if constexpr (Tr::kDqWriter) {
       for (int b = 0; b < 2; ++b) {
@@ -302,6 +317,9 @@ struct DkvSm90Math {
   const T* const& sK_wg;
   const T* const& sV_wg;
 
+  // Step it's dS^T stage (the step's Q / dO buffer's index with two stages).
+  __device__ __forceinline__ T* sds(int buf) const { return sm.sdS + (Tr::kDsBufs == 2 ? buf : 0) * BN * BM; }
+
   // The first half of step it (query head h = member ih of the group, queries i0 .., buffer buf), for thread row r0
   // of sdS. active (the warpgroup's keys see some query of the block; warpgroup-uniform): S^T = K Q^T, dP^T = V dO^T;
   // P^T = exp2(S^T sc - LSE2) (kBias: with bias^T; kDropout: dV takes P^T * keep / (1 - p)); dV += P^T dO, issued
@@ -344,7 +362,7 @@ struct DkvSm90Math {
       fence_acc(dpv);
       trace_mark(it, kTrDp);
       dst_from_dpt<kDropout>(dpv, s, d_cur, t, keep, p.dropout_rscale);  // dS^T = P^T (dP^T - D)
-      store_frag_sw<T, BN>(sm.sdS, dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
+      store_frag_sw<T, BN>(sds(buf), dpv, r0, 0, t);  // dS^T (rounded to T, as for dK) staged for dQ = dS K
       pack_a_frags<T>(dpv, as);
       if constexpr (kBias)  // dS^T to the d_bias workspace (dpv is not read after this)
         store_dbias_step<NT, Tr::kConsumers>(p, dpv, sm.sDb, n, h, hk, ih, key_w, i0, sq.len_q, sq.len_kv, tid, lane);
@@ -352,34 +370,40 @@ struct DkvSm90Math {
       if constexpr (kProducer) mbar_arrive(&sm.keep_bars->empty[buf]);  // (every math thread arrives: KeepBars)
 #pragma unroll
       for (int kc = 0; kc < BM / 16; ++kc) as[kc][0] = as[kc][1] = as[kc][2] = as[kc][3] = 0u;
-      store_zero_frag_sw<BN, NT>(sm.sdS, r0, t);
+      store_zero_frag_sw<BN, NT>(sds(buf), r0, t);
     }
   }
 
   // The second half, after the barrier that follows every warpgroup's dS^T: dQ = dS K over the block's 128 keys
   // (BM 64: warpgroup wg's HD / 2 columns; BM 128: its 64 rows, sdS's panel wg) and dK += dS^T Q (as = 0 where the
   // warpgroup skipped the step); turn() (kDet's turn) while they run. A full query block's dQ tile (tma_dq) goes to
-  // sdQ[buf], its reduce-adds issued after the next barrier (staged); other blocks add by atomics.
+  // sdQ[buf], its reduce-adds issued after the next barrier (staged); other blocks add by atomics. kDqWriter: every
+  // tile goes to the one sdQ buffer once the writer has read step it - 1's (dq_empty), then to the writer (dq_full).
   template <typename TmaDq, typename Turn>
   __device__ __forceinline__ void dq_dk(float (&acc_dk)[NO][4], float (&acc_dv)[NO][4],
-                                        const uint32_t (&as)[BM / 16][4], int buf, int h, int i0, const TmaDq& tma_dq,
-                                        const Turn& turn, DqStaged& staged) const {
+                                        const uint32_t (&as)[BM / 16][4], int buf, int it, int h, int i0,
+                                        const TmaDq& tma_dq, const Turn& turn, DqStaged& staged) const {
     constexpr bool kRows = Tr::kDqSplitRows;
     constexpr int HN = kRows ? HD : HD / 2;
     const int n0 = kRows ? 0 : wg * HN, m0 = kRows ? wg * 64 : 0;
     const T* q_cur = sm.sQ + buf * BM * HD;
     float accq[HN / 8][4];
     wgmma_fence();
-    issue_dq<T, BN>(accq, sm.sdS, m0, sm.sK, n0);  // dQ = dS K
+    issue_dq<T, BN>(accq, sds(buf), m0, sm.sK, n0);  // dQ = dS K
     issue_dk<T, HD>(acc_dk, as, q_cur);  // dK += dS^T Q
     turn();
     wgmma_wait<1>();  // dV, dQ (dK still running)
     fence_acc(accq);
     if (Tr::kDqWriter || tma_dq(i0)) {  // staged: for the writer (dq_writer: every tile) or the reduce-adds
-      dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + buf * BM * HD), accq, m0 + wl * 16 + g, n0, t);
+      constexpr int kQ = Tr::kDqBufs;  // the writer has read step it - kQ's tile from this buffer
+      if constexpr (Tr::kDqWriter) {
+        if (it >= kQ) mbar_wait(&sm.dq_empty[ring_slot<kQ>(it)], ring_parity_of<kQ>(it - kQ));
+      }
+      dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + ring_slot<kQ>(it) * BM * HD), accq, m0 + wl * 16 + g,
+                   n0, t);
       fence_proxy_async();
       if constexpr (Tr::kDqWriter)
-        mbar_arrive(&sm.dq_full[buf]);
+        mbar_arrive(&sm.dq_full[ring_slot<kQ>(it)]);
       else  // reduce-adds issued after the next barrier (columns >= d are clipped by the map)
         staged = DqStaged{true, buf, h, static_cast<int>(ws_row(p, sq, n, i0))};
     } else {
@@ -391,32 +415,63 @@ struct DkvSm90Math {
   }
 };
 
-// The Q / dO loader (DkvSm90Traits::kDqWriter: lane 0 of the producer warpgroup's warp 9): for every step, once the
-// math warps have finished the step two before it with the same buffer (q_empty), a step whose query block lies in
-// the sequence (tma_block): arms bars[buf] with the tile's bytes and issues its TMA loads; another: a plain arrival
-// on bars[buf] (the math threads load that tile by cp.async, DkvSm90Loads, as without the loader). Every step thus
-// completes a phase of bars[buf] and the math waits for each (handover.hpp: neither side runs two phases ahead).
-template <typename Order, int BM, int BN, int HD, typename T, typename TmaBlock>
+// The step loader (DkvSm90Traits::kDqWriter: the producer warpgroup's warp 9): for every step, once the math warps
+// have finished the step two before it with the same buffer (q_empty), its Q / dO tiles into buffer buf: by TMA for
+// a query block inside the sequence (tma_block; lane 0 adds the tiles' bytes to bars[buf]'s phase); kAll
+// (DkvSm90Traits::kOneBarrier, the whole warp): else by the warp's cp.async with the rows past the sequence
+// zero-filled, and the step's rows' LSE2 / D into sL / sD[buf] (rows past the sequence: LSE2 = inf, so that P = 0
+// there), every lane arriving on bars[buf] (32 arrivals a phase) once its stores (and its cp.async, waited for and
+// fenced for the wgmma's async proxy) are done; not kAll (lane 0 alone): the math threads load the rest (a partial
+// block by cp.async, LSE2 / D; DkvSm90Loads), and lane 0's arrival (with the bytes, or plain) is the phase's one.
+// Each step thus completes a phase of bars[buf] and the math waits for each (handover.hpp: neither side runs two
+// phases ahead).
+template <bool kAll, typename Order, int BM, int BN, int HD, typename T, typename TmaBlock>
 __device__ __forceinline__ void qdo_loader(const DkvBlock<BM, BN>& blk, const Params& p, const Sm90Tma& tma,
-                                           const TmaBlock& tma_block, T* sQ, T* sdO, uint64_t* bars,
-                                           uint64_t* q_empty) {
+                                           const TmaBlock& tma_block, T* sQ, T* sdO, float* sL, float* sD,
+                                           uint64_t* bars, uint64_t* q_empty, int lane) {
   const KeyTile<BN>& kt = blk.kt;
+  const SeqInfo& sq = kt.sq;
   const int iters = blk.nq * p.group, nb = p.varlen ? 0 : kt.n;
+  if constexpr (kAll) pdl_wait();  // the preprocess's ws_lse2 / ws_dp
   int ih, iq;
   Order::first(blk.nq, p.group, ih, iq);
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1, h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
     if (it >= 2) mbar_wait(&q_empty[buf], ring_parity(it - 2));
-    if (!tma_block(i0)) {
-      mbar_arrive(&bars[buf]);  // the math threads load this step by cp.async; it still completes a phase
-    } else {
-      mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
-      const int row = static_cast<int>(kt.sq.q_start) + i0;
+    const bool by_tma = tma_block(i0);
+    if (by_tma) {
+      if (lane == 0) {
+        if constexpr (kAll)
+          mbar_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));  // (lane 0 arrives below, after its stores)
+        else
+          mbar_arrive_expect_tx(&bars[buf], 2 * BM * HD * sizeof(T));
+        const int row = static_cast<int>(sq.q_start) + i0;
 #pragma unroll
-      for (int c = 0; c < HD / 64; ++c) {
-        tma_load_4d(sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
-        tma_load_4d(sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
+        for (int c = 0; c < HD / 64; ++c) {
+          tma_load_4d(sQ + buf * BM * HD + c * BM * 64, &tma.q, c * 64, row, h, nb, &bars[buf]);
+          tma_load_4d(sdO + buf * BM * HD + c * BM * 64, &tma.d_out, c * 64, row, h, nb, &bars[buf]);
+        }
       }
+    } else if constexpr (kAll) {
+      const T* qg = kt.template q_rows<const T>(p.q, p.q_st, h, i0);
+      const T* dog = kt.template q_rows<const T>(p.d_out, p.dout_st, h, i0);
+      load_tile_sw_rolled<BM, HD>(sQ + buf * BM * HD, qg, p.q_st.s, sq.len_q - i0, p.d, lane, 32);
+      load_tile_sw_rolled<BM, HD>(sdO + buf * BM * HD, dog, p.dout_st.s, sq.len_q - i0, p.d_v, lane, 32);
+      cp_async_commit();
+    }
+    if constexpr (kAll) {
+      for (int r = lane; r < BM; r += 32) {
+        RowStatsPrefetch<BM> rs;
+        rs.load(p, sq, kt.n, h, i0, r);
+        rs.store(sL, sD, buf, r);
+      }
+      if (!by_tma) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+      }
+      mbar_arrive(&bars[buf]);
+    } else if (!by_tma) {
+      mbar_arrive(&bars[buf]);  // the math threads load this step by cp.async; it still completes a phase
     }
     Order::next(blk.nq, p.group, ih, iq);
   }
@@ -424,7 +479,7 @@ __device__ __forceinline__ void qdo_loader(const DkvBlock<BM, BN>& blk, const Pa
 
 // The producer warpgroup (DkvSm90Traits::kProducerWG, warpgroup 2), true for its threads once they are done: they
 // give registers to the math warpgroups (setmaxnreg) and take their role: kDqWriter: warp 8 the dq writer
-// (bwd_sm90_dq.cuh), lane 0 of warp 9 the Q / dO loader (qdo_loader), the other threads leave at once;
+// (bwd_sm90_dq.cuh), warp 9 (kOneBarrier) or its lane 0 the step loader (qdo_loader), the other threads leave at once;
 // kKeepProducer: the keep bits (keep_producers.cuh). The math threads (false) take the registers.
 template <typename Tr, typename Order, typename Turns, bool kDet, int BM, int BN, typename T, typename TmaBlock,
           typename TmaDq>
@@ -440,13 +495,48 @@ __device__ __forceinline__ bool producer_warpgroup(const DkvBlock<BM, BN>& blk, 
   setmaxnreg_dec<Tr::kKeepRegs>();
   if constexpr (Tr::kDqWriter) {
     if (warp == 8)
-      dq_writer<Order, Turns, kDet, BM, BN, HD>(blk, p, &tma.dq, tma_dq, sm.sdQ, sm.dq_full, sm.dq_empty, block, lane);
-    else if (warp == 9 && lane == 0)
-      qdo_loader<Order, BM, BN, HD>(blk, p, tma, tma_block, sm.sQ, sm.sdO, sm.bars, sm.q_empty);
+      dq_writer<Order, Turns, kDet, BM, BN, HD, Tr::kDqBufs>(blk, p, &tma.dq, tma_dq, sm.sdQ, sm.dq_full, sm.dq_empty,
+                                                             block, lane);
+    else if (warp == 9 && (Tr::kOneBarrier || lane == 0))
+      qdo_loader<Tr::kOneBarrier, Order, BM, BN, HD>(blk, p, tma, tma_block, sm.sQ, sm.sdO, sm.sL, sm.sD, sm.bars, sm.q_empty, lane);
   } else {
     keep_producer<BM, BN, Order>(p, blk.kt, blk.mk, blk.qb_lo, blk.nq, sm.sKeep, sm.keep_bars, tid - Tr::kConsumers);
   }
   return true;
+}
+
+// The steps of the writer variants (DkvSm90Traits::kOneBarrier), after K and V have landed: per step, the loader's
+// phase of bars[buf] (Q / dO, LSE2 / D), the first half (ds_t: dV issued, dS^T to sdS[buf]), the one barrier of the
+// 256 math threads (every warpgroup's dS^T stored; each warpgroup had waited for its own dQ product of step it - 1,
+// which read the other stage, before it arrived here), the second half (dq_dk: dQ and dK, the dq tile to the
+// writer) and, once dK has completed, the arrival on q_empty[buf] (Q / dO, LSE2 / D [buf] free for the loader).
+template <typename Order, typename Math, typename T, typename Tr, typename TmaDq, int NO>
+__device__ __forceinline__ void dkdv_steps_one_barrier(const Math& math, const DkvSm90Smem<T, Tr>& sm, const Params& p,
+                                                       int hk, int qb_lo, int nq, int qg_lo, int qg_hi, int r0,
+                                                       const TmaDq& tma_dq, float (&acc_dk)[NO][4],
+                                                       float (&acc_dv)[NO][4]) {
+  constexpr int BM = Tr::kBlockM;
+  const int iters = nq * p.group;
+  DqStaged staged;  // (not used: the writer adds every tile)
+  int ih, iq;
+  Order::first(nq, p.group, ih, iq);
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1, h = hk * p.group + ih, i0 = (qb_lo + iq) * BM;
+    trace_mark(it, kTrStep);
+    mbar_wait(&sm.bars[buf], ring_parity(it));
+    trace_mark(it, kTrLoaded);
+    const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
+    uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
+    math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, r0);
+    trace_mark(it, kTrDs);
+    fence_proxy_async();
+    named_bar_sync(kBarMath, Tr::kConsumers);
+    trace_mark(it, kTrBarrierB);
+    math.dq_dk(acc_dk, acc_dv, as, buf, it, h, i0, tma_dq, [] {}, staged);
+    trace_mark(it, kTrDk);
+    mbar_arrive(&sm.q_empty[buf]);
+    Order::next(nq, p.group, ih, iq);
+  }
 }
 
 // kDropout: the call has dropout (SPEC.md section 2): dV takes P^T * keep / (1 - p), dS^T = P^T (dP^T * keep / (1 - p)
@@ -517,7 +607,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>:
                                                                    sq, n,   tma,       kt, pf,    pf_tid};
   int ih, iq;
   Order::first(nq, p.group, ih, iq);
-  if (iters > 0) {
+  if (!Tr::kOneBarrier && iters > 0) {  // (kOneBarrier: the loader warp loads every step)
     load(0, ih, iq);
     if (kBiasOneBuf && bias_smem && tid == kLoader) load.bias_one(ih, iq);
     pf.store(sm.sL, sm.sD, 0, pf_tid);
@@ -539,64 +629,68 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>:
   const DkvSm90Math<T, Tr, kDropout, kBias> math{p, sm, mk, sq, n, hk, j0, bias_smem, tid, lane, wg, wl, g, t, key_w,
                                                  sK_wg, sV_wg};
 
-  for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1;
-    const int h = hk * p.group + ih;
-    const int i0 = (qb_lo + iq) * BM;
-    trace_mark(it, kTrStep);
-    cp_async_wait<0>();
-    if constexpr (Tr::kDqWriter) {  // the loader's phase of this step (its TMA loads, or its turn for cp.async)
-      mbar_wait(&sm.bars[buf], ring_parity(it));
-    } else if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
-      mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
-      phase ^= 1u << buf;
-    }
-    trace_mark(it, kTrLoaded);
+  if constexpr (Tr::kOneBarrier) {
+    cp_async_wait<0>();  // K, V
     fence_proxy_async();
     math_sync();
-    trace_mark(it, kTrBarrierA);
-    // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
-    if (!Tr::kDqWriter && staged.pending && tid == 0) add_pending();
-    const bool issued = staged.pending;
-    staged.pending = false;
-    int ih_next = ih, iq_next = iq;
-    Order::next(nq, p.group, ih_next, iq_next);
-    const bool prefetch = it + 1 < iters;
-    if (prefetch) load(buf ^ 1, ih_next, iq_next);
-    cp_async_commit();
-    // kDet, a step that opens a turn: its counter, read early by the threads that wait for the turn.
-    const unsigned* sem = nullptr;
-    unsigned seen = 0;
-    const bool waits = kDet && !Tr::kDqWriter && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
-    if constexpr (kDet) {
-      if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
+    dkdv_steps_one_barrier<Order>(math, sm, p, hk, qb_lo, nq, qg_lo, qg_hi, wg * 64 + wl * 16 + g, tma_dq, acc_dk,
+                                  acc_dv);
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      const int buf = it & 1;
+      const int h = hk * p.group + ih;
+      const int i0 = (qb_lo + iq) * BM;
+      trace_mark(it, kTrStep);
+      cp_async_wait<0>();
+      if constexpr (Tr::kDqWriter) {  // the loader's phase of this step (its TMA loads, or its turn for cp.async)
+        mbar_wait(&sm.bars[buf], ring_parity(it));
+      } else if (tma_step(i0)) {  // the step's TMA loads (Q / dO and / or a bias tile)
+        mbar_wait(&sm.bars[buf], (phase >> buf) & 1u);
+        phase ^= 1u << buf;
+      }
+      trace_mark(it, kTrLoaded);
+      fence_proxy_async();
+      math_sync();
+      trace_mark(it, kTrBarrierA);
+      // thread 0: this step issues the reduce-adds of the previous one (kDet: that step's turn is held)
+      if (!Tr::kDqWriter && staged.pending && tid == 0) add_pending();
+      const bool issued = staged.pending;
+      staged.pending = false;
+      int ih_next = ih, iq_next = iq;
+      Order::next(nq, p.group, ih_next, iq_next);
+      const bool prefetch = it + 1 < iters;
+      if (prefetch) load(buf ^ 1, ih_next, iq_next);
+      cp_async_commit();
+      // kDet, a step that opens a turn: its counter, read early by the threads that wait for the turn.
+      const unsigned* sem = nullptr;
+      unsigned seen = 0;
+      const bool waits = kDet && !Tr::kDqWriter && Turns::opens(ih) && lane == 0 && (warp == 0 || !tma_dq(i0));
+      if constexpr (kDet) {
+        if (waits) sem = open_dq_turn<Turns>(blk, p, ih, iq, seen);
+      }
+      const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
+      uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
+      math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
+      trace_mark(it, kTrDs);
+      if constexpr (!Tr::kDqWriter) dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer (the writer's: dq_dk)
+      trace_mark(it, kTrDqBuffer);
+      fence_proxy_async();
+      math_sync();
+      trace_mark(it, kTrBarrierB);
+      // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
+      if constexpr (kBiasOneBuf) {
+        if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
+      }
+      math.dq_dk(acc_dk, acc_dv, as, buf, it, h, i0, tma_dq, [&] {
+        if constexpr (kDet && !Tr::kDqWriter) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
+      }, staged);
+      trace_mark(it, kTrDk);
+      if constexpr (Tr::kDqWriter) mbar_arrive(&sm.q_empty[buf]);  // dK has completed: Q / dO [buf] are free
+      if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
+      trace_mark(it, kTrEnd);
+      ih = ih_next;
+      iq = iq_next;
     }
-    const bool active = i0 < qg_hi && i0 + BM > qg_lo;  // warpgroup-uniform
-    uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
-    math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
-    trace_mark(it, kTrDs);
-    if constexpr (Tr::kDqWriter) {  // the writer has added step it - 2's tile from this buffer
-      if (tid == 0 && it >= 2) mbar_wait(&sm.dq_empty[buf], ring_parity(it - 2));
-    } else {
-      dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
-    }
-    trace_mark(it, kTrDqBuffer);
-    fence_proxy_async();
-    math_sync();
-    trace_mark(it, kTrBarrierB);
-    // One bias buffer: every thread has read this step's tile; the next step's loads while dQ and dK run.
-    if constexpr (kBiasOneBuf) {
-      if (bias_smem && prefetch && tid == kLoader) load.bias_one(ih_next, iq_next);
-    }
-    math.dq_dk(acc_dk, acc_dv, as, buf, h, i0, tma_dq, [&] {
-      if constexpr (kDet && !Tr::kDqWriter) pass_dq_turn<Turns>(blk, p, tc.block, tid, it, ih, iq, waits, sem, seen);
-    }, staged);
-    trace_mark(it, kTrDk);
-    if constexpr (Tr::kDqWriter) mbar_arrive(&sm.q_empty[buf]);  // dK has completed: Q / dO [buf] are free
-    if (prefetch) pf.store(sm.sL, sm.sD, buf ^ 1, pf_tid);
-    trace_mark(it, kTrEnd);
-    ih = ih_next;
-    iq = iq_next;
   }
   if constexpr (!Tr::kDqWriter) dq_finish<kDet, Turns>(blk, p, tid, iters, staged.pending, math_sync, add_pending);
   cp_async_wait<0>();

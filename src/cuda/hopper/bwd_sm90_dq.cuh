@@ -213,18 +213,18 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
 
 // ---- The dq writer (DkvSm90Traits::kDqWriter): one warp of the producer warpgroup adds every step's staged dQ
 // tile to ws_dq, so that no math warp issues a bulk operation or waits for a turn. It walks the steps in the math
-// warps' order (Order) and, per step it (buffer it & 1): waits on dq_full[buf] (every math thread arrives once its
-// part of the tile is in sdQ, after a proxy fence); kDet: waits for the step's turn (lane 0); adds the tile: a full
-// query block (tma_dq) by thread lane 0's TMA reduce-adds, waiting until they have read the buffer, else by the
-// warp's float4 atomics of the rows inside the sequence read back from the swizzled image; arrives on
-// dq_empty[buf] (the math warps' staging of step it + 2 waits for it); kDet: once the adds have completed, releases
-// the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
+// warps' order (Order) and, per step it: kDet: waits for the step's turn (lane 0; before the tile is staged, so
+// that the one buffer is held only while it is read); waits on dq_full (every math thread arrives once its part of
+// the tile is in sdQ, after a proxy fence); adds the tile: a full query block (tma_dq) by thread lane 0's TMA
+// reduce-adds, waiting until they have read the buffer, else by the warp's float4 atomics of the rows inside the
+// sequence read back from the swizzled image; arrives on dq_empty (the math warps' staging of step it + kBufs waits
+// for it: a ring of kBufs buffers, handover.hpp); kDet: once the adds have completed, releases the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
 // stores), so the preprocess does not zero those rows (KernelChoice::dq_first_store, bwd_small.cu: dq_row_stored):
 // every later turn adds to them after this one's release. The tile layout is dq_stage's (sw128_f32_offset<BM>: the
 // boxes of the ws_dq map one after another).
 // It runs on the 24 registers a thread the producer warpgroup keeps (setmaxnreg). Its turns are per step (the writer
 // is for the variants without a bias: dq_turn_per_step).
-template <typename Order, typename Turns, bool kDet, int BM, int BN, int HD, typename TmaDq>
+template <typename Order, typename Turns, bool kDet, int BM, int BN, int HD, int kBufs, typename TmaDq>
 __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Params& p, const CUtensorMap* map,
                                           const TmaDq& tma_dq, const float* sdQ, uint64_t* dq_full,
                                           uint64_t* dq_empty, int block, int lane) {
@@ -235,9 +235,7 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
   int ih, iq;
   Order::first(blk.nq, p.group, ih, iq);
   for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1, h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
-    const float* tile = sdQ + buf * BM * HD;
-    mbar_wait(&dq_full[buf], ring_parity(it));
+    const int h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
     unsigned* sem = nullptr;
     bool first = false;  // kDet: the query block's first turn, which stores its tile (KernelChoice::dq_first_store)
     if constexpr (kDet) {
@@ -249,6 +247,9 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
       }
       __syncwarp();
     }
+    const int slot = ring_slot<kBufs>(it);
+    const float* tile = sdQ + slot * BM * HD;
+    mbar_wait(&dq_full[slot], ring_parity_of<kBufs>(it));
     if (tma_dq(i0)) {
       if (lane == 0) {
         const auto box = [&](int bx) { return tile + bx * BM * 32; };
@@ -275,7 +276,7 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
     }
     __syncwarp();
     if (lane == 0) {
-      mbar_arrive(&dq_empty[buf]);
+      mbar_arrive(&dq_empty[slot]);
       if constexpr (kDet) {
         bulk_wait<0>();
         if (sem != nullptr) release_turn(sem);

@@ -187,6 +187,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 #endif
 }
+// Expects `bytes` more of asynchronous (TMA) writes in the current phase, without an arrival (the issuing thread
+// arrives later, once its own stores that the phase also covers are done).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
 // Waits until the phase with parity `parity` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
