@@ -217,7 +217,7 @@ struct DkvSm90Smem {
     if constexpr (Tr::kDqWriter) {
       for (int b = 0; b < 2; ++b) {
         mbar_init(&dq_full[b], Tr::kConsumers);
-        mbar_init(&dq_empty[b], 1);
+        mbar_init(&dq_empty[b], 32);  // (every lane of the writer warp)
         mbar_init(&q_empty[b], Tr::kConsumers);
       }
     }

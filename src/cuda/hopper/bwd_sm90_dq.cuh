@@ -217,8 +217,9 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
 // that the one buffer is held only while it is read); waits on dq_full (every math thread arrives once its part of
 // the tile is in sdQ, after a proxy fence); adds the tile: a full query block (tma_dq) by thread lane 0's TMA
 // reduce-adds, waiting until they have read the buffer, else by the warp's float4 atomics of the rows inside the
-// sequence read back from the swizzled image; arrives on dq_empty (the math warps' staging of step it + kBufs waits
-// for it: a ring of kBufs buffers, handover.hpp); kDet: once the adds have completed, releases the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
+// sequence read back from the swizzled image; every lane arrives on dq_empty once its reads of the tile are done
+// (the math warps' staging of step it + kBufs waits for it: a ring of kBufs buffers, handover.hpp); kDet: once the
+// adds have completed, lane 0 releases the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
 // stores), so the preprocess does not zero those rows (KernelChoice::dq_first_store, bwd_small.cu: dq_row_stored):
 // every later turn adds to them after this one's release. The tile layout is dq_stage's (sw128_f32_offset<BM>: the
 // boxes of the ws_dq map one after another).
@@ -275,9 +276,9 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
       }
     }
     __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(&dq_empty[slot]);
-      if constexpr (kDet) {
+    mbar_arrive(&dq_empty[slot]);  // every lane, after its own reads of the tile (32 arrivals a phase)
+    if constexpr (kDet) {
+      if (lane == 0) {
         bulk_wait<0>();
         if (sem != nullptr) release_turn(sem);
       }
