@@ -396,7 +396,7 @@ struct DkvSm90Math {
     fence_acc(accq);
     if (Tr::kDqWriter || tma_dq(i0)) {  // staged: for the writer (dq_writer: every tile) or the reduce-adds
       constexpr int kQ = Tr::kDqBufs;  // the writer has read step it - kQ's tile from this buffer
-      if constexpr (Tr::kDqWriter) {
+      if constexpr (Tr::kOneBarrier) {  // (two barriers a step: thread 0 waited before the second)
         if (it >= kQ) mbar_wait(&sm.dq_empty[ring_slot<kQ>(it)], ring_parity_of<kQ>(it - kQ));
       }
       dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + ring_slot<kQ>(it) * BM * HD), accq, m0 + wl * 16 + g,
@@ -672,7 +672,11 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>:
       uint32_t as[BM / 16][4];                            // dS^T as the A operand of dK (k-step = 16 queries)
       math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
       trace_mark(it, kTrDs);
-      if constexpr (!Tr::kDqWriter) dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer (the writer's: dq_dk)
+      if constexpr (Tr::kDqWriter) {  // the writer has added step it - 2's tile from this buffer
+        if (tid == 0 && it >= 2) mbar_wait(&sm.dq_empty[buf], ring_parity(it - 2));
+      } else {
+        dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
+      }
       trace_mark(it, kTrDqBuffer);
       fence_proxy_async();
       math_sync();

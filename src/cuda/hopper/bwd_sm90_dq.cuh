@@ -213,9 +213,10 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
 
 // ---- The dq writer (DkvSm90Traits::kDqWriter): one warp of the producer warpgroup adds every step's staged dQ
 // tile to ws_dq, so that no math warp issues a bulk operation or waits for a turn. It walks the steps in the math
-// warps' order (Order) and, per step it: kDet: waits for the step's turn (lane 0; before the tile is staged, so
-// that the one buffer is held only while it is read); waits on dq_full (every math thread arrives once its part of
-// the tile is in sdQ, after a proxy fence); adds the tile: a full query block (tma_dq) by thread lane 0's TMA
+// warps' order (Order) and, per step it: waits on dq_full (every math thread arrives once its part of the tile is in
+// sdQ, after a proxy fence) and, kDet, for the step's turn (lane 0), in that order with two buffers (head dim 128:
+// the turn first measured 3% slower there, bench/log/2026-12-07-one-barrier-step.md), the turn first with one (so
+// that the one buffer is held only while it is read); adds the tile: a full query block (tma_dq) by thread lane 0's TMA
 // reduce-adds, waiting until they have read the buffer, else by the warp's float4 atomics of the rows inside the
 // sequence read back from the swizzled image; every lane arrives on dq_empty once its reads of the tile are done
 // (the math warps' staging of step it + kBufs waits for it: a ring of kBufs buffers, handover.hpp); kDet: once the
@@ -237,6 +238,10 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
   Order::first(blk.nq, p.group, ih, iq);
   for (int it = 0; it < iters; ++it) {
     const int h = kt.hk * p.group + ih, i0 = (blk.qb_lo + iq) * BM;
+    const int slot = ring_slot<kBufs>(it);
+    const float* tile = sdQ + slot * BM * HD;
+    // Two buffers: the tile first, then the turn (the math stages the next step's into the other buffer meanwhile).
+    if constexpr (kBufs == 2) mbar_wait(&dq_full[slot], ring_parity_of<kBufs>(it));
     unsigned* sem = nullptr;
     bool first = false;  // kDet: the query block's first turn, which stores its tile (KernelChoice::dq_first_store)
     if constexpr (kDet) {
@@ -248,9 +253,7 @@ __device__ __forceinline__ void dq_writer(const DkvBlock<BM, BN>& blk, const Par
       }
       __syncwarp();
     }
-    const int slot = ring_slot<kBufs>(it);
-    const float* tile = sdQ + slot * BM * HD;
-    mbar_wait(&dq_full[slot], ring_parity_of<kBufs>(it));
+    if constexpr (kBufs == 1) mbar_wait(&dq_full[slot], ring_parity_of<kBufs>(it));
     if (tma_dq(i0)) {
       if (lane == 0) {
         const auto box = [&](int bx) { return tile + bx * BM * 32; };
