@@ -186,3 +186,31 @@ def test_gpu_checks_show_the_newest_full_suite_and_the_narrower_runs_after_it(tm
     assert "new suite line" in section and "decode after line" in section
     assert "old suite line" not in section  # an older full suite is superseded
     assert section.index("aaa0002") < section.index("aaa0003")
+
+
+def test_a_newer_run_without_anchors_keeps_the_judged_row(tmp_path):
+    """A run of sinkattn_gpu_bench alone (no FA4 / SDPA) does not displace the newest run that measured the anchors:
+    the judged row stays, and the newer time follows it, not judged."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
+    shutil.copytree(ROOT / "bench" / "log", bench / "log")
+    out = bench / "RESULTS.md"
+    gpu = "NVIDIA H200"
+    (tmp_path / "with_anchors.json").write_text(json.dumps({
+        "tool": "bench_torch.py", "command": "python3 bench/bench_torch.py --json with_anchors.json",
+        "date": "2031-01-02T03:10:00Z", "gpu": gpu, "torch": "9.9",
+        "rows": [{"shape": "gpt-oss-full", "method": "sdpa", "fwd_ms": 0.6, "fb_ms": 2.6, "bwd_ms": 2.0},
+                 {"shape": "gpt-oss-full", "method": "sinkattn_torch_api", "fwd_ms": 0.5, "bwd_ms": 2.5}]}))
+    (tmp_path / "alone.json").write_text(json.dumps({
+        "tool": "sinkattn_gpu_bench", "command": "sinkattn_gpu_bench 10 all --json alone.json",
+        "date": "2031-02-02T03:04:05Z", "gpu": gpu, "reps": 10, "dtype": "bf16",
+        "rows": [{"shape": "gpt-oss-full", "fwd_ms": 0.4, "bwd_ms": 1.9, "det_bwd_ms": 2.0}]}))
+    log = "bench/log/2026-11-30-hopper-forward.md"
+    for commit, f in (("aaa1111", "with_anchors.json"), ("bbb2222", "alone.json")):
+        r = run("--runs-dir", bench / "runs", "--out", out, "add", "--commit", commit, "--log", log, tmp_path / f)
+        assert r.returncode == 0, r.stdout + r.stderr
+    layers = out.read_text().split("## Training layers")[1].split("\n## ")[0]
+    bwd = [line for line in layers.splitlines() if line.startswith("| GPT-OSS full | bwd | H200 |")]
+    assert len(bwd) == 2, bwd
+    assert "| 2.500 | — | 2.000 |" in bwd[0] and "| 0.80x |" in bwd[0] and "aaa1111 H200" in bwd[0]
+    assert "| 1.900 | — | — |" in bwd[1] and "not judged: no anchor in this run" in bwd[1] and "bbb2222 H200" in bwd[1]
