@@ -15,6 +15,14 @@ def run(*args, cwd=ROOT):
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
+def bench_copy(tmp_path):
+    """A copy of bench/runs and bench/log under tmp_path/bench, and the page to write there."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
+    shutil.copytree(ROOT / "bench" / "log", bench / "log")
+    return bench, bench / "RESULTS.md"
+
+
 def test_results_md_is_the_dashboard_of_the_runs():
     r = run("--check")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -34,10 +42,7 @@ def test_check_fails_on_a_stale_page(tmp_path):
 
 
 def test_a_new_run_from_benchmark_json_replaces_the_older_one(tmp_path):
-    bench = tmp_path / "bench"
-    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
-    shutil.copytree(ROOT / "bench" / "log", bench / "log")
-    out = bench / "RESULTS.md"
+    bench, out = bench_copy(tmp_path)
     gpu = "NVIDIA H200"
     # The shape of sinkattn_gpu_bench --json and bench/bench_torch.py --json (tests/gpu/gpu_bench.cpp,
     # bench/bench_torch.py), with made-up times: sinkattn faster than SDPA forward, slower backward.
@@ -99,10 +104,7 @@ def decode_lines(text):
 def test_decode_rows_are_judged_against_the_streaming_read_of_their_own_bytes(tmp_path):
     """A decode run whose rows carry read_gbs (a streaming-read kernel over each configuration's bytes, same run) is
     judged: >= 64 MB at >= 90% of it, the sliding layer at batch 256 at >= 80%; a run without it keeps "not judged"."""
-    bench = tmp_path / "bench"
-    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
-    shutil.copytree(ROOT / "bench" / "log", bench / "log")
-    out = bench / "RESULTS.md"
+    bench, out = bench_copy(tmp_path)
     log = "bench/log/2026-12-01-decode.md"
     h200 = decode_json("NVIDIA H200", "2031-02-03T04:05:06Z", [
         decode_row("full", 16, 8, 8192, 134.22, 3000.0, 3200.0),     # 93.8%
@@ -139,10 +141,7 @@ def test_decode_rows_are_judged_against_the_streaming_read_of_their_own_bytes(tm
 def test_paged_prefill_rows_are_judged_against_the_contiguous_call_of_the_same_run(tmp_path):
     """sinkattn_gpu_bench_paged_prefill --json (tests/gpu/gpu_bench_paged_prefill.cpp): one row per layer, the paged
     times per page size beside the contiguous call's, judged by the lowest contiguous / paged ratio (>= 0.9x)."""
-    bench = tmp_path / "bench"
-    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
-    shutil.copytree(ROOT / "bench" / "log", bench / "log")
-    out = bench / "RESULTS.md"
+    bench, out = bench_copy(tmp_path)
 
     def row(layer, ps, dense, paged):
         return {"layer": layer, "b": 2, "s_q": 4096, "s_kv": 4096, "h_q": 64, "h_kv": 8, "d": 64, "sinks": True,
@@ -165,10 +164,7 @@ def test_paged_prefill_rows_are_judged_against_the_contiguous_call_of_the_same_r
 
 
 def test_gpu_checks_show_the_newest_full_suite_and_the_narrower_runs_after_it(tmp_path):
-    bench = tmp_path / "bench"
-    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
-    shutil.copytree(ROOT / "bench" / "log", bench / "log")
-    out = bench / "RESULTS.md"
+    bench, out = bench_copy(tmp_path)
 
     def checks(name, when, commit, steps, lines):
         (bench / "runs" / f"{name}.json").write_text(json.dumps({
@@ -191,10 +187,7 @@ def test_gpu_checks_show_the_newest_full_suite_and_the_narrower_runs_after_it(tm
 def test_a_newer_run_without_anchors_keeps_the_judged_row(tmp_path):
     """A run of sinkattn_gpu_bench alone (no FA4 / SDPA) does not displace the newest run that measured the anchors:
     the judged row stays, and the newer time follows it, not judged."""
-    bench = tmp_path / "bench"
-    shutil.copytree(ROOT / "bench" / "runs", bench / "runs")
-    shutil.copytree(ROOT / "bench" / "log", bench / "log")
-    out = bench / "RESULTS.md"
+    bench, out = bench_copy(tmp_path)
     gpu = "NVIDIA H200"
     (tmp_path / "with_anchors.json").write_text(json.dumps({
         "tool": "bench_torch.py", "command": "python3 bench/bench_torch.py --json with_anchors.json",
