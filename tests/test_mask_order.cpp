@@ -523,11 +523,11 @@ TEST(FastDivmod, EqualsTheDivision) {
 // The Hopper dK dV kernel's handovers with its producer warpgroup (cuda/hopper/handover.hpp), run as three agents
 // under random interleavings: the math warpgroups (one agent: their per-thread arrivals complete a phase together),
 // the step loader (TMA steps land later; the others it loads by cp.async before it arrives, or, at two barriers a
-// step, the math loads them a step ahead) and the dq writer. Each mbarrier is modelled by its phase count, and every wait by try_wait.parity's rule (the phase with
-// that parity has completed: the count's parity differs); the test checks that this equals the wait meant (the count
-// is past the awaited completion), which holds only while no barrier runs two completions ahead of a waiter, that no
-// buffer is written while a step still reads it, that every step reads what it should, and that the protocol cannot
-// deadlock.
+// step, the math loads them a step ahead) and the dq writer. Each mbarrier is modelled by its phase count, and every
+// wait by try_wait.parity's rule (the phase with that parity has completed: the count's parity differs); the test
+// checks that this equals the wait meant (the count is past the awaited completion), which holds only while no
+// barrier runs two completions ahead of a waiter, that no buffer is written while a step still reads it, that every
+// step reads what it should, and that the protocol cannot deadlock.
 namespace {
 using sinkattn::cuda::sm90::ring_parity_of;
 using sinkattn::cuda::sm90::ring_slot;

@@ -39,10 +39,11 @@
 // bench/log/2026-11-29-dkdv-commit-groups.md has the measurements):
 //   S^T, dP^T issued | wait S^T: P^T = exp2(..) | dV issued | wait dP^T: dS^T, stored to sdS | barrier |
 //   dQ, dK issued | wait dQ (dK still running): dQ tile to sdQ (full query blocks) or dQ atomics | wait dK.
-// The variants without bias or dropout (DkvSm90Traits::kDqWriter) run that step with one block barrier, the one
-// after dS^T (dkdv_steps_one_barrier): a producer warpgroup's warps load the steps (qdo_loader: Q, dO and the rows'
-// LSE2 / D, on mbarriers) and add the dq tiles (dq_writer), and dS^T has two stages; the rest of this header
-// describes the others (bias, dropout), whose step also begins with a barrier.
+// The variants at 128 query rows a step (head dim 64, no bias or dropout: DkvSm90Traits::kOneBarrier) run that step
+// with one block barrier, the one after dS^T (dkdv_steps_one_barrier): a producer warpgroup's warps load the steps
+// (qdo_loader: Q, dO and the rows' LSE2 / D, on mbarriers) and add the dq tiles (dq_writer), and dS^T has two
+// stages; the rest of this header describes the others, whose step also begins with a barrier (the head-dim-128
+// deterministic one with the same dq writer and its lane-0 TMA loader: DkvSm90Traits::kDqWriter).
 // The steps' order (StepOrder): query-block-major with a bias also without kDet, so that the heads of a group read
 // one bias tile in consecutive steps (head-major, the non-deterministic bias backward took 12.2 ms against 7.0 ms
 // deterministic at GPT-OSS full; ncu, bench/log/2026-12-01-bias-hopper.md, H200, 299693c).
@@ -378,7 +379,9 @@ struct DkvSm90Math {
   // (BM 64: warpgroup wg's HD / 2 columns; BM 128: its 64 rows, sdS's panel wg) and dK += dS^T Q (as = 0 where the
   // warpgroup skipped the step); turn() (kDet's turn) while they run. A full query block's dQ tile (tma_dq) goes to
   // sdQ[buf], its reduce-adds issued after the next barrier (staged); other blocks add by atomics. kDqWriter: every
-  // tile goes to the one sdQ buffer once the writer has read step it - 1's (dq_empty), then to the writer (dq_full).
+  // tile goes to sdQ[ring_slot(it)] (kDqBufs of them) and to the writer (dq_full), once the writer has read the
+  // buffer's previous tile (dq_empty: waited for here with one barrier a step, by thread 0 before the second with
+  // two).
   template <typename TmaDq, typename Turn>
   __device__ __forceinline__ void dq_dk(float (&acc_dk)[NO][4], float (&acc_dv)[NO][4],
                                         const uint32_t (&as)[BM / 16][4], int buf, int it, int h, int i0,
@@ -498,7 +501,8 @@ __device__ __forceinline__ bool producer_warpgroup(const DkvBlock<BM, BN>& blk, 
       dq_writer<Order, Turns, kDet, BM, BN, HD, Tr::kDqBufs>(blk, p, &tma.dq, tma_dq, sm.sdQ, sm.dq_full, sm.dq_empty,
                                                              block, lane);
     else if (warp == 9 && (Tr::kOneBarrier || lane == 0))
-      qdo_loader<Tr::kOneBarrier, Order, BM, BN, HD>(blk, p, tma, tma_block, sm.sQ, sm.sdO, sm.sL, sm.sD, sm.bars, sm.q_empty, lane);
+      qdo_loader<Tr::kOneBarrier, Order, BM, BN, HD>(blk, p, tma, tma_block, sm.sQ, sm.sdO, sm.sL, sm.sD, sm.bars,
+                                                     sm.q_empty, lane);
   } else {
     keep_producer<BM, BN, Order>(p, blk.kt, blk.mk, blk.qb_lo, blk.nq, sm.sKeep, sm.keep_bars, tid - Tr::kConsumers);
   }

@@ -216,14 +216,14 @@ __device__ __forceinline__ void dq_finish(const DkvBlock<BM, BN>& blk, const Par
 // warps' order (Order) and, per step it: waits on dq_full (every math thread arrives once its part of the tile is in
 // sdQ, after a proxy fence) and, kDet, for the step's turn (lane 0), in that order with two buffers (head dim 128:
 // the turn first measured 3% slower there, bench/log/2026-12-07-one-barrier-step.md), the turn first with one (so
-// that the one buffer is held only while it is read); adds the tile: a full query block (tma_dq) by thread lane 0's TMA
-// reduce-adds, waiting until they have read the buffer, else by the warp's float4 atomics of the rows inside the
-// sequence read back from the swizzled image; every lane arrives on dq_empty once its reads of the tile are done
-// (the math warps' staging of step it + kBufs waits for it: a ring of kBufs buffers, handover.hpp); kDet: once the
-// adds have completed, lane 0 releases the turn. kDet, turn 0 (the query block's first key block): the tile is stored instead of added (TMA stores, float4
-// stores), so the preprocess does not zero those rows (KernelChoice::dq_first_store, bwd_small.cu: dq_row_stored):
-// every later turn adds to them after this one's release. The tile layout is dq_stage's (sw128_f32_offset<BM>: the
-// boxes of the ws_dq map one after another).
+// that the one buffer is held only while it is read); adds the tile: a full query block (tma_dq) by thread lane 0's
+// TMA reduce-adds, waiting until they have read the buffer, else by the warp's float4 atomics of the rows inside
+// the sequence read back from the swizzled image; every lane arrives on dq_empty once its reads of the tile are
+// done (the math warps' staging of step it + kBufs waits for it: a ring of kBufs buffers, handover.hpp); kDet: once
+// the adds have completed, lane 0 releases the turn. kDet, turn 0 (the query block's first key block): the tile is
+// stored instead of added (TMA stores, float4 stores), so the preprocess does not zero those rows
+// (KernelChoice::dq_first_store, bwd_small.cu: dq_row_stored): every later turn adds to them after this one's
+// release. The tile layout is dq_stage's (sw128_f32_offset<BM>: the boxes of the ws_dq map one after another).
 // It runs on the 24 registers a thread the producer warpgroup keeps (setmaxnreg). Its turns are per step (the writer
 // is for the variants without a bias: dq_turn_per_step).
 template <typename Order, typename Turns, bool kDet, int BM, int BN, int HD, int kBufs, typename TmaDq>

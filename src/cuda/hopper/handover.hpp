@@ -3,9 +3,9 @@
 // tests/test_mask_order.cpp can run the protocol on the CPU. Q / dO is a two-buffer ring of mbarriers: step it uses
 // buffer it & 1, and the k-th phase completion of a buffer's barrier is step 2 k + (it & 1)'s, so a wait for step
 // it's completion waits for parity ring_parity(it) (mbarrier.try_wait.parity: the phase with that parity has
-// completed); the dq tile is a one-buffer ring, the k-th completion step k's (ring1_parity). The parity names a
-// completion unambiguously only while the barrier is at most one completion past it: every wait below is for a step
-// the waiting side's own progress keeps within one step of it.
+// completed); the dq tile is a ring of one buffer (the k-th completion step k's: ring1_parity) or two (ring_slot,
+// ring_parity_of say which). The parity names a completion unambiguously only while the barrier is at most one
+// completion past it: every wait below is for a step the waiting side's own progress keeps within one step of it.
 //   Q / dO and the rows' LSE2 / D (q_empty, bars[b]): for every step the loader waits until the math threads have
 //     arrived on q_empty for step it - 2 (they arrive at the end of every step, once its dK product is complete),
 //     then loads the step into buffer b (TMA; a partial query block by its own cp.async, or, at two barriers a step,
