@@ -65,10 +65,12 @@ REASONS = {
         "2026-12-06-named-parts-fa4-decode.md"),
     ("bwd", "gpt-oss-full"): (
         "One block barrier a step (862de92: the producer warpgroup loads the steps and adds the dq tiles, dS^T in two "
-        "stages, no spills in the math) took the C ABI backward from 2.04 to 1.81-1.83 ms (H100, 2026-12-07), still "
-        "1.2x FlashAttention-4's 1.511 of R27/R28; not profiled since: both warpgroups still meet at the one barrier "
-        "each step and do their softmax at once (step timelines of 8e7c6ee's kernel).",
-        "2026-12-07-one-barrier-step.md"),
+        "stages, no spills in the math) took the C ABI backward from 2.04 to 1.81-1.86 ms (H100, 2026-12-07): 1.2x "
+        "FlashAttention-4's through autograd in the same run (cb21d0d); not profiled since: both warpgroups still meet at "
+        "the one barrier each step and do their softmax at once (step timelines of 8e7c6ee's kernel). Storing each "
+        "query block's first dq tile instead of zeroing the accumulator made it 7% slower (inferred, not profiled: "
+        "the key blocks then add to one tile at once).",
+        "2026-12-07-dq-first-store-default.md"),
     ("fwd", "mha-d128"): (
         "Two consumer warpgroups are the most the registers allow at head dim 128, and they leave 62% of cycles "
         "with no eligible warp (ncu).",
@@ -79,11 +81,12 @@ REASONS = {
         "8e7c6ee's kernels, H100, 2026-12-07) the backward took 1.63 ms against 1.91.",
         "2026-12-07-backward-step-trace.md"),
     ("fb", "gpt-oss-sliding"): (
-        "The backward's preprocess (96 us) and dq convert (67 us) run at memory speed (H100, per kernel, 13faacb), "
-        "and the dK dV kernel's 128 x 128 tiles see the 127-key band twice over; one barrier a step (862de92) took "
-        "the backward from 0.455 to 0.424 ms and forward + backward to 0.608 (C ABI, H100); the forward stays on the "
-        "sm_80 kernel, as the Hopper forward's short-window variant measured 15% slower here (H200).",
-        "2026-12-07-one-barrier-step.md"),
+        "Through the C ABI forward + backward is 0.587-0.592 ms on the H100 (three runs of cb21d0d's kernels, "
+        "2026-12-07), under 0.60; through torch autograd 0.647, the op and autograd adding about 55 us. Of the "
+        "kernels' time the backward's preprocess (96 us) and dq convert (67 us) run at memory speed (H100, 13faacb), "
+        "the dK dV kernel's 128 x 128 tiles see the 127-key band twice over, and the forward stays on the sm_80 "
+        "kernel (the Hopper short-window variant measured 15% slower, H200).",
+        "2026-12-07-h100-cb21d0d-fa4.md"),
     ("fwd", "hd256"): (
         "The warp-specialised forward takes 64 keys per step at head dim 256 (192 KiB of shared memory); 80 keys "
         "measured 4% faster but failed two edge cases.",
