@@ -66,10 +66,10 @@ REASONS = {
     ("bwd", "gpt-oss-full"): (
         "One block barrier a step (862de92: the producer warpgroup loads the steps and adds the dq tiles, dS^T in two "
         "stages, no spills in the math) took the C ABI backward from 2.04 to 1.81-1.86 ms (H100, 2026-12-07): 1.2x "
-        "FlashAttention-4's through autograd in the same run (cb21d0d); not profiled since: both warpgroups still meet at "
-        "the one barrier each step and do their softmax at once (step timelines of 8e7c6ee's kernel). Storing each "
-        "query block's first dq tile instead of zeroing the accumulator made it 7% slower (inferred, not profiled: "
-        "the key blocks then add to one tile at once).",
+        "FlashAttention-4's through autograd in the same run (cb21d0d); not profiled since: both warpgroups still "
+        "meet at the one barrier each step and do their softmax at once (step timelines of 8e7c6ee's kernel). Storing "
+        "each query block's first dq tile instead of zeroing the accumulator made it 7% slower (inferred, not "
+        "profiled: the key blocks then add to one tile at once).",
         "2026-12-07-dq-first-store-default.md"),
     ("fwd", "mha-d128"): (
         "Two consumer warpgroups are the most the registers allow at head dim 128, and they leave 62% of cycles "

@@ -210,6 +210,12 @@ struct DkvSm90Smem {
     dq_empty = bars + 6;
     q_empty = bars + 8;
   }
+  // kDqWriter: waits until the writer has read the tile of the step that last used step it's sdQ buffer (it -
+  // kDqBufs; handover.hpp's ring of kDqBufs buffers).
+  __device__ __forceinline__ void wait_dq_buffer_free(int it) const {
+    constexpr int kQ = Tr::kDqBufs;
+    if (it >= kQ) mbar_wait(&dq_empty[ring_slot<kQ>(it)], ring_parity_of<kQ>(it - kQ));
+  }
   // Thread 0, before the block's first barrier.
   __device__ __forceinline__ void init_barriers() const {
     mbar_init(&bars[0], Tr::kOneBarrier ? 32 : 1);  // (kOneBarrier: every lane of the loader warp arrives)
@@ -398,10 +404,8 @@ struct DkvSm90Math {
     wgmma_wait<1>();  // dV, dQ (dK still running)
     fence_acc(accq);
     if (Tr::kDqWriter || tma_dq(i0)) {  // staged: for the writer (dq_writer: every tile) or the reduce-adds
-      constexpr int kQ = Tr::kDqBufs;  // the writer has read step it - kQ's tile from this buffer
-      if constexpr (Tr::kOneBarrier) {  // (two barriers a step: thread 0 waited before the second)
-        if (it >= kQ) mbar_wait(&sm.dq_empty[ring_slot<kQ>(it)], ring_parity_of<kQ>(it - kQ));
-      }
+      constexpr int kQ = Tr::kDqBufs;
+      if constexpr (Tr::kOneBarrier) sm.wait_dq_buffer_free(it);  // (two barriers a step: thread 0 before the second)
       dq_stage<BM>(reinterpret_cast<unsigned char*>(sm.sdQ + ring_slot<kQ>(it) * BM * HD), accq, m0 + wl * 16 + g,
                    n0, t);
       fence_proxy_async();
@@ -677,7 +681,7 @@ __global__ void __launch_bounds__(DkvSm90Traits<HD, kBias, kDropout, BM_, kDet>:
       math.ds_t(active, acc_dv, as, buf, it, h, ih, i0, wg * 64 + wl * 16 + g);
       trace_mark(it, kTrDs);
       if constexpr (Tr::kDqWriter) {  // the writer has added step it - 2's tile from this buffer
-        if (tid == 0 && it >= 2) mbar_wait(&sm.dq_empty[buf], ring_parity(it - 2));
+        if (tid == 0) sm.wait_dq_buffer_free(it);
       } else {
         dq_wait_buffer_read(tid, issued);  // this step's sdQ buffer
       }
