@@ -61,7 +61,9 @@ TARGET_PAGED_X = 0.9  # paged prefill: the contiguous call's time / the paged ca
 REASONS = {
     ("fwd", "gpt-oss-full"): (
         "FlashAttention-4's forward is faster in the same run and not yet profiled beside it; the last ncu "
-        "profile of this kernel showed 51% of issue slots busy with 0.92 eligible warps per scheduler.",
+        "profile of this kernel showed 51% of issue slots busy with 0.92 eligible warps per scheduler. Its "
+        "persistent blocks take the tiles in a fixed stride, which gives the busiest SM 1.03x the mean key blocks "
+        "(a model, not measured: docs/design/hopper-forward.md).",
         "2026-12-06-named-parts-fa4-decode.md"),
     ("bwd", "gpt-oss-full"): (
         "One block barrier a step (862de92: the producer warpgroup loads the steps and adds the dq tiles, dS^T in two "
@@ -73,7 +75,8 @@ REASONS = {
         "2026-12-07-dq-first-store-default.md"),
     ("fwd", "mha-d128"): (
         "Two consumer warpgroups are the most the registers allow at head dim 128, and they leave 62% of cycles "
-        "with no eligible warp (ncu).",
+        "with no eligible warp (ncu). The persistent blocks take the tiles in a fixed stride, which gives the "
+        "busiest SM 1.10x the mean key blocks (a model, not measured: docs/design/hopper-forward.md).",
         "2026-12-05-pdl-dsinks.md"),
     ("bwd", "mha-d128"): (
         "The dK dV kernel takes 254 registers at 64 query rows per step, so neither a 128-row step nor a third "
@@ -89,7 +92,9 @@ REASONS = {
         "2026-12-07-h100-cb21d0d-fa4.md"),
     ("fwd", "hd256"): (
         "The warp-specialised forward takes 64 keys per step at head dim 256 (192 KiB of shared memory); 80 keys "
-        "measured 4% faster but failed two edge cases.",
+        "measured 4% faster but failed two edge cases. The persistent blocks take the tiles in a fixed stride, "
+        "which gives the busiest SM 1.12x the mean key blocks (a model, not measured: "
+        "docs/design/hopper-forward.md).",
         "2026-12-03-forward-head-dim-256.md"),
     ("bwd", "hd256"): (
         "Each 64-key step adds a 64 x 256 fp32 dq tile (4.4 GB a backward): the kernel takes 1.94 ms without "
